@@ -1,0 +1,144 @@
+"""The audit log: append-only JSONL, one event per line, each line hash-chained.
+
+Every line carries `prev`, the hash of the line before it, and `hash`, the sha256 of
+its own canonical form without `hash`. Editing, removing or reordering any line
+breaks the chain at that line, and `verify` says which. Events reach the log through
+the ledger's queue (see ledger.py), each exactly once, in ledger order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from broker.errors import AuditError
+from broker.models import canonical, sha256_hex
+
+GENESIS = "0" * 64
+
+
+def line_hash(entry: dict[str, Any]) -> str:
+    return sha256_hex(canonical({k: v for k, v in entry.items() if k != "hash"}))
+
+
+@dataclass(frozen=True)
+class Fault:
+    """The first place where the chain does not hold."""
+
+    line: int
+    problem: str
+
+
+class AuditLog:
+    """Appends events, chained, to `path`; reads them back for verify/tail/export."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.last_seq, self.head = self._recover_tail()
+
+    def _recover_tail(self) -> tuple[int, str]:
+        """Drop a torn last line (a crash mid-write), then read the chain's head."""
+        if not self.path.exists():
+            return 0, GENESIS
+        with self.path.open("rb+") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size == 0:
+                return 0, GENESIS
+            start = max(0, size - (1 << 16))
+            f.seek(start)
+            tail = f.read()
+            if not tail.endswith(b"\n"):
+                cut = tail.rfind(b"\n")
+                f.truncate(start + cut + 1 if cut >= 0 else 0)
+                f.seek(start)
+                tail = f.read()
+            lines = tail.rstrip(b"\n").split(b"\n")
+            if not lines or not lines[-1]:
+                return 0, GENESIS
+            try:
+                last = json.loads(lines[-1])
+                return int(last["seq"]), str(last["hash"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise AuditError(f"{self.path}: the last line is not an audit event") from exc
+
+    def append(self, events: list[tuple[int, dict[str, Any]]]) -> int:
+        """Append queued events not yet in the log; fsync once; return the last seq."""
+        lines: list[bytes] = []
+        head, last = self.head, self.last_seq
+        for seq, event in events:
+            if seq <= last:
+                continue  # already appended before a crash
+            entry = {"seq": seq, **event, "prev": head}
+            entry["hash"] = head = line_hash(entry)
+            lines.append(canonical(entry) + b"\n")
+            last = seq
+        if not lines:
+            return self.last_seq
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                data = b"".join(lines)
+                written = os.write(fd, data)
+                while written < len(data):
+                    written += os.write(fd, data[written:])
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise AuditError(f"{self.path}: cannot append: {exc.strerror}") from exc
+        self.head, self.last_seq = head, last
+        return last
+
+
+def read_events(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, str]]:
+    """(line number, parsed event or None, raw text) for each line of the log."""
+    if not path.exists():
+        return
+    with path.open("r", encoding="utf-8", errors="replace") as f:
+        for number, raw in enumerate(f, 1):
+            text = raw.rstrip("\n")
+            try:
+                value = json.loads(text)
+            except ValueError:
+                yield number, None, text
+                continue
+            yield number, value if isinstance(value, dict) else None, text
+
+
+def verify(path: Path, expected_head: tuple[int, str] | None = None) -> tuple[int, Fault | None]:
+    """Check the whole chain: (lines checked, first fault or None).
+
+    `expected_head` is the (seq, hash) the ledger last saw appended; a log cut short
+    before it is reported too.
+    """
+    prev, last_seq, count, seen_head = GENESIS, 0, 0, expected_head is None
+    for number, entry, _raw in read_events(path):
+        count = number
+        if entry is None:
+            return count, Fault(number, "not a JSON object: the line was edited or damaged")
+        if entry.get("prev") != prev:
+            return count, Fault(
+                number,
+                "its prev hash does not match the line before: a line was removed, "
+                "inserted or moved here",
+            )
+        if entry.get("hash") != line_hash(entry):
+            return count, Fault(number, "its content does not match its hash: the line was edited")
+        seq = entry.get("seq")
+        if not isinstance(seq, int) or seq <= last_seq:
+            return count, Fault(number, "its sequence number goes backwards: lines were reordered")
+        prev, last_seq = str(entry["hash"]), seq
+        if expected_head and (seq, prev) == expected_head:
+            seen_head = True
+    if not seen_head and expected_head is not None:
+        return count, Fault(
+            count + 1,
+            f"the log ends before event {expected_head[0]}, which the ledger recorded as "
+            "appended: lines were removed from the end",
+        )
+    return count, None

@@ -1,0 +1,213 @@
+"""Frozen settings from broker.toml and the environment, read only on the host.
+
+Secrets are always references (`*_env`, `*_file`), resolved here and nowhere else;
+every resolved value is remembered so that anything written can be redacted.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from broker.errors import ConfigError
+
+MiB = 1024 * 1024
+SECRET_WORDS = re.compile(r"(token|password|passwd|secret|api_key|apikey|private_key)$", re.I)
+BROKER_KEYS = {
+    "state_dir",
+    "policy",
+    "max_request_bytes",
+    "max_depth",
+    "max_attachment_bytes",
+    "attachment_grace",
+    "rescan_interval",
+    "allow_as",
+    "max_pending_per_sandbox",
+}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what a sandbox may hand the broker."""
+
+    max_request_bytes: int = 1 * MiB
+    max_depth: int = 64
+    max_attachment_bytes: int = 64 * MiB
+    attachment_grace_s: float = 300.0
+    max_pending_per_sandbox: int = 100
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything the broker reads from the host before it serves."""
+
+    state_dir: Path
+    policy_path: Path | None = None
+    limits: Limits = field(default_factory=Limits)
+    integrations: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    sandbox: Mapping[str, Any] = field(default_factory=dict)
+    rescan_interval_s: float = 30.0
+    allow_as: bool = False
+    source: Path | None = None
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.state_dir / "ledger.sqlite3"
+
+    @property
+    def audit_path(self) -> Path:
+        return self.state_dir / "audit.jsonl"
+
+    @property
+    def sandboxes_dir(self) -> Path:
+        return self.state_dir / "sandboxes"
+
+    def integration(self, name: str) -> Mapping[str, Any]:
+        return self.integrations.get(name, {})
+
+    def secret(self, integration: str, key: str) -> str | None:
+        """Resolve `key_env` / `key_file` under [integrations.<integration>]."""
+        return resolve_secret(self.integration(integration), key, f"integrations.{integration}")
+
+    def secret_values(self) -> frozenset[str]:
+        """Every secret the config references, for redaction of what is written."""
+        found: set[str] = set()
+
+        def walk(table: Mapping[str, Any], where: str) -> None:
+            for key, value in table.items():
+                if isinstance(value, Mapping):
+                    walk(value, f"{where}.{key}")
+                elif key.endswith(("_env", "_file")) and isinstance(value, str):
+                    base = key.rsplit("_", 1)[0]
+                    try:
+                        secret = resolve_secret(table, base, where)
+                    except ConfigError:
+                        continue
+                    if secret and len(secret) >= 4:
+                        found.add(secret)
+
+        walk(self.integrations, "integrations")
+        return frozenset(found)
+
+
+def resolve_secret(table: Mapping[str, Any], key: str, where: str) -> str | None:
+    """The value behind `<key>_env` or `<key>_file`, or None when neither is set."""
+    env_name = table.get(f"{key}_env")
+    file_name = table.get(f"{key}_file")
+    if env_name is not None:
+        value = os.environ.get(str(env_name))
+        if value is None:
+            raise ConfigError(f"{where}.{key}_env: environment variable {env_name} is not set")
+        return value
+    if file_name is not None:
+        try:
+            return Path(str(file_name)).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(
+                f"{where}.{key}_file: cannot read {file_name}: {exc.strerror}"
+            ) from exc
+    return None
+
+
+def default_state_dir() -> Path:
+    env = os.environ.get("BROKER_STATE_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_STATE_HOME")
+    return Path(xdg) / "broker" if xdg else Path.home() / ".local" / "state" / "broker"
+
+
+def _check_no_literal_secrets(table: Mapping[str, Any], where: str) -> None:
+    for key, value in table.items():
+        if isinstance(value, Mapping):
+            _check_no_literal_secrets(value, f"{where}.{key}")
+        elif SECRET_WORDS.search(key) and isinstance(value, str):
+            raise ConfigError(
+                f"{where}.{key}: secrets are never written in broker.toml; "
+                f"use {key}_env (an environment variable) or {key}_file (a file)"
+            )
+
+
+def _duration(value: Any, key: str) -> float:
+    from broker.policy import parse_duration
+
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise ConfigError(f"broker.{key}: {exc}") from exc
+
+
+def _positive_int(section: Mapping[str, Any], key: str, default: int) -> int:
+    value = section.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"broker.{key}: expected a positive integer, got {value!r}")
+    return value
+
+
+def load_config(
+    path: Path | None = None,
+    *,
+    state_dir: Path | None = None,
+    policy: Path | None = None,
+) -> Config:
+    """Read broker.toml: `path`, else $BROKER_CONFIG, else <state_dir>/broker.toml."""
+    if path is None and os.environ.get("BROKER_CONFIG"):
+        path = Path(os.environ["BROKER_CONFIG"])
+    data: dict[str, Any] = {}
+    explicit = path is not None
+    if path is None:
+        path = (state_dir or default_state_dir()) / "broker.toml"
+    if path.exists() or explicit:
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise ConfigError(f"{path}: no such configuration file") from exc
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    else:
+        path = None
+    unknown = set(data) - {"broker", "integrations", "sandbox", "approvers", "notify", "web"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown section [{sorted(unknown)[0]}]")
+    section = data.get("broker", {})
+    bad = set(section) - BROKER_KEYS
+    if bad:
+        raise ConfigError(f"{path}: unknown key broker.{sorted(bad)[0]}")
+    base = path.parent if path else Path.cwd()
+    state = state_dir or (base / section["state_dir"] if "state_dir" in section else None)
+    state = Path(state) if state else default_state_dir()
+    policy_path = policy or (base / section["policy"] if "policy" in section else None)
+    integrations = data.get("integrations", {})
+    if not isinstance(integrations, dict) or not all(
+        isinstance(v, dict) for v in integrations.values()
+    ):
+        raise ConfigError(f"{path}: [integrations.NAME] must be tables")
+    _check_no_literal_secrets(integrations, "integrations")
+    limits = Limits(
+        max_request_bytes=_positive_int(section, "max_request_bytes", Limits.max_request_bytes),
+        max_depth=_positive_int(section, "max_depth", Limits.max_depth),
+        max_attachment_bytes=_positive_int(
+            section, "max_attachment_bytes", Limits.max_attachment_bytes
+        ),
+        attachment_grace_s=_duration(section.get("attachment_grace", "5m"), "attachment_grace"),
+        max_pending_per_sandbox=_positive_int(
+            section, "max_pending_per_sandbox", Limits.max_pending_per_sandbox
+        ),
+    )
+    return Config(
+        state_dir=state.absolute(),
+        policy_path=policy_path.absolute() if policy_path else None,
+        limits=limits,
+        integrations=integrations,
+        sandbox=data.get("sandbox", {}),
+        rescan_interval_s=_duration(section.get("rescan_interval", "30s"), "rescan_interval"),
+        allow_as=bool(section.get("allow_as", False)),
+        source=path,
+    )

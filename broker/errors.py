@@ -1,0 +1,137 @@
+"""Every error the broker raises on purpose.
+
+    BrokerError
+    ├── ConfigError            broker.toml is missing, unreadable or wrong
+    │   └── PolicyError        the policy file cannot be loaded; names rule and key
+    ├── RegistryError          an effect cannot be registered or found
+    │   ├── UnknownEffect      no handler is registered under that name
+    │   └── DuplicateEffect    two handlers claim one name; names both
+    ├── LedgerError            the state store refused or is inconsistent
+    │   ├── RequestNotFound    no request answers to that id
+    │   └── AmbiguousRequest   the id exists in several sandboxes: use SANDBOX/ID
+    ├── AuditError             the audit log cannot be written or read
+    ├── SandboxError           the Docker engine or a container misbehaved
+    ├── DecisionError          a decision cannot be recorded (stale sha256, not pending…)
+    └── Outcome                stop here: this is the request's answer (control flow)
+        ├── Rejected           the request breaks the protocol or its schema → invalid
+        ├── Denied             the policy or a person said no → denied
+        ├── Expired            nobody decided in time → expired
+        └── EffectFailed       the handler ran and the service refused or broke → failed
+            └── InvalidParams  the handler found params it cannot act on → invalid
+
+Handlers raise `EffectFailed` (or `InvalidParams`) with a reason an agent can act on,
+translating their library's exceptions at their edge, `from exc`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class BrokerError(Exception):
+    """Base of every error the broker raises on purpose."""
+
+
+class ConfigError(BrokerError):
+    """broker.toml is missing, unreadable or wrong; the message names the key."""
+
+
+class PolicyError(ConfigError):
+    """The policy file cannot be loaded; the message names the rule and the key."""
+
+
+class RegistryError(BrokerError):
+    """An effect handler cannot be registered or found."""
+
+
+class UnknownEffect(RegistryError):
+    """No handler is registered under that effect name."""
+
+
+class DuplicateEffect(RegistryError):
+    """Two handlers claim the same effect name."""
+
+
+class LedgerError(BrokerError):
+    """The state store refused an operation or is inconsistent."""
+
+
+class RequestNotFound(LedgerError):
+    """No request answers to that id."""
+
+
+class AmbiguousRequest(LedgerError):
+    """The id exists in several sandboxes; name it as SANDBOX/ID."""
+
+
+class AuditError(BrokerError):
+    """The audit log cannot be written or read."""
+
+
+class SandboxError(BrokerError):
+    """The Docker engine or a sandbox container misbehaved."""
+
+
+class DecisionError(BrokerError):
+    """A decision cannot be recorded (stale sha256, request not pending, …)."""
+
+
+@dataclass(frozen=True)
+class Issue:
+    """One thing wrong with a request: a JSON-pointer path, a code and a sentence."""
+
+    path: str
+    code: str
+    message: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"path": self.path, "code": self.code, "message": self.message}
+
+
+class Outcome(BrokerError):
+    """Stop processing this request: the exception is its answer."""
+
+    status = "failed"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Rejected(Outcome):
+    """The request breaks the protocol or its schema; its result is `invalid`."""
+
+    status = "invalid"
+
+    def __init__(self, reason: str, issues: Sequence[Issue] = ()) -> None:
+        super().__init__(reason)
+        self.issues = tuple(issues)
+
+
+class Denied(Outcome):
+    """The policy or a person said no; its result is `denied`."""
+
+    status = "denied"
+
+
+class Expired(Outcome):
+    """Nobody decided before the deadline and the policy fails closed."""
+
+    status = "expired"
+
+
+class EffectFailed(Outcome):
+    """The handler ran and the service refused or broke; its result is `failed`."""
+
+    status = "failed"
+
+
+class InvalidParams(EffectFailed):
+    """The handler found params it cannot act on; its result is `invalid`."""
+
+    status = "invalid"
+
+    def __init__(self, path: str, message: str, code: str = "invalid_param") -> None:
+        super().__init__(f"invalid: {message}")
+        self.issues = (Issue(path, code, message),)

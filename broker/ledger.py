@@ -1,0 +1,396 @@
+"""The state store: one row per request, every change a committed transaction.
+
+SQLite in WAL mode with synchronous=FULL under the state dir. The ledger is the
+durability point: a result file or an audit line is written only after the state it
+shows is committed, and both are rebuilt from here after a crash. Audit events are
+queued in the same transaction as the change they describe, then appended to the
+log; so no commit can lose its audit line.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from broker.errors import AmbiguousRequest, LedgerError, RequestNotFound
+from broker.models import TERMINAL, Result
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS requests (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    sandbox TEXT NOT NULL,
+    id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    effect TEXT,
+    payload TEXT,
+    sha256 TEXT,
+    idempotency_key TEXT,
+    state TEXT NOT NULL,
+    reason TEXT,
+    errors TEXT,
+    output TEXT,
+    verdict TEXT,
+    preview TEXT,
+    reversible INTEGER,
+    decided_by TEXT,
+    replay_of TEXT,
+    received_at TEXT NOT NULL,
+    decided_at TEXT,
+    completed_at TEXT,
+    expires_at TEXT,
+    on_timeout TEXT,
+    synced INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (sandbox, id)
+);
+CREATE INDEX IF NOT EXISTS requests_idem ON requests (sandbox, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS requests_state ON requests (state);
+CREATE INDEX IF NOT EXISTS requests_unsynced ON requests (synced) WHERE synced = 0;
+CREATE INDEX IF NOT EXISTS requests_id ON requests (id);
+CREATE TABLE IF NOT EXISTS decisions (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    sandbox TEXT NOT NULL,
+    id TEXT NOT NULL,
+    approver TEXT NOT NULL,
+    verdict TEXT NOT NULL,
+    reason TEXT,
+    surface TEXT NOT NULL,
+    sha256 TEXT NOT NULL,
+    at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS decisions_request ON decisions (sandbox, id);
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS audit_queue (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    event TEXT NOT NULL
+);
+"""
+
+_JSON_COLUMNS = {"errors", "output", "verdict", "preview"}
+WAITING = ("pending",)
+IN_FLIGHT = ("received", "approved", "applying")
+
+
+@dataclass(frozen=True)
+class Record:
+    """One request's row. `state` walks received → … → a terminal status."""
+
+    sandbox: str
+    id: str
+    name: str
+    state: str
+    received_at: str
+    effect: str | None = None
+    payload: str | None = None
+    sha256: str | None = None
+    idempotency_key: str | None = None
+    reason: str | None = None
+    errors: list[dict[str, str]] | None = None
+    output: dict[str, Any] | None = None
+    verdict: dict[str, Any] | None = None
+    preview: dict[str, Any] | None = None
+    reversible: bool | None = None
+    decided_by: str | None = None
+    replay_of: str | None = None
+    decided_at: str | None = None
+    completed_at: str | None = None
+    expires_at: str | None = None
+    on_timeout: str | None = None
+    seq: int | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.sandbox, self.id)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    @property
+    def envelope(self) -> dict[str, Any]:
+        return json.loads(self.payload) if self.payload else {}
+
+    def result(self) -> Result | None:
+        """The result file this row shows, or None while there is nothing to show."""
+        if self.state not in TERMINAL and self.state != "pending":
+            return None
+        return Result(
+            id=self.id,
+            status=self.state,
+            effect=self.effect,
+            reason=self.reason,
+            output=self.output,
+            errors=tuple(self.errors or ()),
+            request_sha256=self.sha256,
+            decided_by=self.decided_by,
+            received_at=self.received_at,
+            decided_at=self.decided_at,
+            completed_at=self.completed_at,
+            expires_at=self.expires_at,
+            on_timeout=self.on_timeout,
+            replayed=self.replay_of is not None,
+        )
+
+    def evolve(self, **changes: Any) -> Record:
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One person's verdict on one request, bound to the sha256 they saw."""
+
+    sandbox: str
+    id: str
+    approver: str
+    verdict: str  # approve | deny
+    reason: str | None
+    surface: str  # cli | prompt | web | api
+    sha256: str
+    at: str
+
+
+_RECORD_FIELDS = [f.name for f in fields(Record)]
+
+
+def _row_to_record(row: sqlite3.Row) -> Record:
+    data = {k: v for k, v in dict(row).items() if k in _RECORD_FIELDS}
+    for key in _JSON_COLUMNS:
+        if data.get(key) is not None:
+            data[key] = json.loads(data[key])
+    if data.get("reversible") is not None:
+        data["reversible"] = bool(data["reversible"])
+    return Record(**data)
+
+
+def _dump(value: Any) -> Any:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+class Ledger:
+    """SQLite ledger. One connection per Ledger; use one Ledger per thread."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        try:
+            self._db = sqlite3.connect(
+                path, isolation_level=None, check_same_thread=False, timeout=30.0
+            )
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.executescript(SCHEMA)
+        except sqlite3.Error as exc:
+            raise LedgerError(f"{path}: cannot open the ledger: {exc}") from exc
+        self._lock = threading.RLock()
+        self._depth = 0
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One committed unit; nested uses join the outer one."""
+        with self._lock:
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield
+                finally:
+                    self._depth -= 1
+                return
+            self._db.execute("BEGIN IMMEDIATE")
+            self._depth = 1
+            try:
+                yield
+            except BaseException:
+                self._depth = 0
+                self._db.execute("ROLLBACK")
+                raise
+            self._depth = 0
+            try:
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._db.execute("ROLLBACK")
+                raise LedgerError(f"cannot commit to the ledger: {exc}") from exc
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """A part of the current transaction that can fail alone."""
+        self._exec("SAVEPOINT one")
+        try:
+            yield
+        except BaseException:
+            self._exec("ROLLBACK TO one")
+            self._exec("RELEASE one")
+            raise
+        self._exec("RELEASE one")
+
+    def _exec(self, sql: str, args: Sequence[Any] = ()) -> sqlite3.Cursor:
+        try:
+            return self._db.execute(sql, args)
+        except sqlite3.Error as exc:
+            raise LedgerError(f"ledger: {exc}") from exc
+
+    # -- requests ---------------------------------------------------------------
+
+    def insert(self, record: Record) -> Record:
+        data = {k: getattr(record, k) for k in _RECORD_FIELDS if k != "seq"}
+        for key in _JSON_COLUMNS:
+            if data[key] is not None:
+                data[key] = _dump(data[key])
+        cols = ", ".join(data)
+        marks = ", ".join("?" for _ in data)
+        cur = self._exec(f"INSERT INTO requests ({cols}) VALUES ({marks})", list(data.values()))
+        return record.evolve(seq=cur.lastrowid)
+
+    def update(self, record: Record, **changes: Any) -> Record:
+        """Write `changes` to the row and return the new record; unsynces its result."""
+        new = record.evolve(**changes)
+        values = []
+        for key in changes:
+            value = changes[key]
+            values.append(_dump(value) if key in _JSON_COLUMNS and value is not None else value)
+        sets = ", ".join(f"{k} = ?" for k in changes)
+        self._exec(
+            f"UPDATE requests SET {sets}, synced = 0 WHERE sandbox = ? AND id = ?",
+            [*values, record.sandbox, record.id],
+        )
+        return new
+
+    def get(self, sandbox: str, request_id: str) -> Record | None:
+        row = self._exec(
+            "SELECT * FROM requests WHERE sandbox = ? AND id = ?", (sandbox, request_id)
+        ).fetchone()
+        return _row_to_record(row) if row else None
+
+    def find(self, ref: str) -> Record:
+        """A request by `ID` (unambiguous across sandboxes) or `SANDBOX/ID`."""
+        if "/" in ref:
+            sandbox, _, request_id = ref.partition("/")
+            record = self.get(sandbox, request_id)
+            if record is None:
+                raise RequestNotFound(f"no request {request_id!r} in sandbox {sandbox!r}")
+            return record
+        rows = self._exec("SELECT * FROM requests WHERE id = ?", (ref,)).fetchall()
+        if not rows:
+            raise RequestNotFound(f"no request with id {ref!r}")
+        if len(rows) > 1:
+            where = ", ".join(f"{r['sandbox']}/{ref}" for r in rows)
+            raise AmbiguousRequest(f"id {ref!r} exists in several sandboxes: use one of {where}")
+        return _row_to_record(rows[0])
+
+    def by_idempotency_key(self, sandbox: str, key: str) -> Record | None:
+        row = self._exec(
+            "SELECT * FROM requests WHERE sandbox = ? AND idempotency_key = ? "
+            "AND replay_of IS NULL ORDER BY seq LIMIT 1",
+            (sandbox, key),
+        ).fetchone()
+        return _row_to_record(row) if row else None
+
+    def replays_of(self, record: Record) -> list[Record]:
+        rows = self._exec(
+            "SELECT * FROM requests WHERE sandbox = ? AND replay_of = ? AND state NOT IN "
+            "('applied','denied','expired','invalid','failed','unknown')",
+            (record.sandbox, record.id),
+        ).fetchall()
+        return [_row_to_record(r) for r in rows]
+
+    def in_states(self, states: Iterable[str]) -> list[Record]:
+        wanted = list(states)
+        marks = ", ".join("?" for _ in wanted)
+        rows = self._exec(
+            f"SELECT * FROM requests WHERE state IN ({marks}) ORDER BY seq", wanted
+        ).fetchall()
+        return [_row_to_record(r) for r in rows]
+
+    def count_waiting(self, sandbox: str) -> int:
+        row = self._exec(
+            "SELECT COUNT(*) FROM requests WHERE sandbox = ? AND state = 'pending'", (sandbox,)
+        ).fetchone()
+        return int(row[0])
+
+    def recent(self, limit: int = 50) -> list[Record]:
+        rows = self._exec("SELECT * FROM requests ORDER BY seq DESC LIMIT ?", (limit,)).fetchall()
+        return [_row_to_record(r) for r in rows]
+
+    def all(self) -> list[Record]:
+        return [_row_to_record(r) for r in self._exec("SELECT * FROM requests ORDER BY seq")]
+
+    def unsynced(self) -> list[Record]:
+        rows = self._exec("SELECT * FROM requests WHERE synced = 0 ORDER BY seq").fetchall()
+        return [_row_to_record(r) for r in rows]
+
+    def mark_synced(self, written: Iterable[tuple[str, str, str]]) -> None:
+        """Note results written as (sandbox, id, state); a newer state stays unsynced."""
+        self._db.executemany(
+            "UPDATE requests SET synced = 1 WHERE sandbox = ? AND id = ? AND state = ?",
+            list(written),
+        )
+
+    # -- decisions --------------------------------------------------------------
+
+    def add_decision(self, decision: Decision) -> None:
+        self._exec(
+            "INSERT INTO decisions (sandbox, id, approver, verdict, reason, surface, sha256, at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                decision.sandbox,
+                decision.id,
+                decision.approver,
+                decision.verdict,
+                decision.reason,
+                decision.surface,
+                decision.sha256,
+                decision.at,
+            ),
+        )
+
+    def decisions(self, sandbox: str, request_id: str) -> list[Decision]:
+        rows = self._exec(
+            "SELECT sandbox, id, approver, verdict, reason, surface, sha256, at FROM decisions "
+            "WHERE sandbox = ? AND id = ? ORDER BY seq",
+            (sandbox, request_id),
+        ).fetchall()
+        return [Decision(*tuple(r)) for r in rows]
+
+    def all_decisions(self) -> list[Decision]:
+        rows = self._exec(
+            "SELECT sandbox, id, approver, verdict, reason, surface, sha256, at FROM decisions "
+            "ORDER BY seq"
+        ).fetchall()
+        return [Decision(*tuple(r)) for r in rows]
+
+    # -- the audit queue --------------------------------------------------------
+
+    def queue_audit(self, event: dict[str, Any]) -> None:
+        self._exec("INSERT INTO audit_queue (event) VALUES (?)", (_dump(event),))
+
+    def audit_backlog(self) -> list[tuple[int, dict[str, Any]]]:
+        rows = self._exec("SELECT seq, event FROM audit_queue ORDER BY seq").fetchall()
+        return [(int(r[0]), json.loads(r[1])) for r in rows]
+
+    def drop_audit(self, upto: int, head: str) -> None:
+        """Forget events the log holds, and remember the log's head for `verify`."""
+        self._exec("DELETE FROM audit_queue WHERE seq <= ?", (upto,))
+        self._exec(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES ('audit_head', ?)",
+            (_dump([upto, head]),),
+        )
+
+    def audit_head(self) -> tuple[int, str] | None:
+        row = self._exec("SELECT value FROM meta WHERE key = 'audit_head'").fetchone()
+        if row is None:
+            return None
+        seq, head = json.loads(row[0])
+        return int(seq), str(head)

@@ -1,0 +1,234 @@
+"""The records that travel along the data path, frozen, with explicit JSON forms."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+PROTOCOL_VERSION = 1
+TERMINAL = frozenset({"applied", "denied", "expired", "invalid", "failed", "unknown"})
+STATUSES = TERMINAL | {"pending"}
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def iso(moment: datetime | None) -> str | None:
+    """RFC 3339 with milliseconds and a Z, as results and the audit log show time."""
+    if moment is None:
+        return None
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + (
+        f"{moment.microsecond // 1000:03d}Z"
+    )
+
+
+def parse_iso(text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def canonical(value: Any) -> bytes:
+    """The one byte form that hashes and approvals are bound to."""
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class Request:
+    """A request that passed the envelope check, as recorded in the ledger."""
+
+    sandbox: str
+    id: str
+    name: str
+    effect: str
+    params: dict[str, Any]
+    reason: str | None = None
+    idempotency_key: str | None = None
+    attachments: dict[str, str] = field(default_factory=dict)  # name -> sha256
+
+    @property
+    def integration(self) -> str:
+        return self.effect.split(".", 1)[0]
+
+    def envelope(self) -> dict[str, Any]:
+        """The canonical envelope: what the sha256 (and so an approval) covers."""
+        env: dict[str, Any] = {
+            "version": PROTOCOL_VERSION,
+            "id": self.id,
+            "effect": self.effect,
+            "params": self.params,
+        }
+        if self.reason is not None:
+            env["reason"] = self.reason
+        if self.idempotency_key is not None:
+            env["idempotency_key"] = self.idempotency_key
+        if self.attachments:
+            env["attachments"] = dict(sorted(self.attachments.items()))
+        return env
+
+    @property
+    def payload(self) -> bytes:
+        return canonical(self.envelope())
+
+    @property
+    def sha256(self) -> str:
+        return sha256_hex(self.payload)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sandbox": self.sandbox, "name": self.name, **self.envelope()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Request:
+        return cls(
+            sandbox=data["sandbox"],
+            id=data["id"],
+            name=data["name"],
+            effect=data["effect"],
+            params=data["params"],
+            reason=data.get("reason"),
+            idempotency_key=data.get("idempotency_key"),
+            attachments=dict(data.get("attachments") or {}),
+        )
+
+
+@dataclass(frozen=True)
+class Result:
+    """What the agent reads in /results/<id>.json; PROTOCOL.md field for field."""
+
+    id: str
+    status: str
+    effect: str | None = None
+    reason: str | None = None
+    output: dict[str, Any] | None = None
+    errors: tuple[dict[str, str], ...] = ()
+    request_sha256: str | None = None
+    decided_by: str | None = None
+    received_at: str | None = None
+    decided_at: str | None = None
+    completed_at: str | None = None
+    expires_at: str | None = None
+    on_timeout: str | None = None
+    replayed: bool = False
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "version": PROTOCOL_VERSION,
+            "id": self.id,
+            "effect": self.effect,
+            "status": self.status,
+            "reason": self.reason,
+            "output": self.output,
+            "errors": list(self.errors),
+            "request_sha256": self.request_sha256,
+            "decided_by": self.decided_by,
+            "received_at": self.received_at,
+            "decided_at": self.decided_at,
+            "completed_at": self.completed_at,
+        }
+        if self.status == "pending":
+            data["expires_at"] = self.expires_at
+            data["on_timeout"] = self.on_timeout
+        if self.replayed:
+            data["replayed"] = True
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Result:
+        return cls(
+            id=data["id"],
+            status=data["status"],
+            effect=data.get("effect"),
+            reason=data.get("reason"),
+            output=data.get("output"),
+            errors=tuple(data.get("errors") or ()),
+            request_sha256=data.get("request_sha256"),
+            decided_by=data.get("decided_by"),
+            received_at=data.get("received_at"),
+            decided_at=data.get("decided_at"),
+            completed_at=data.get("completed_at"),
+            expires_at=data.get("expires_at"),
+            on_timeout=data.get("on_timeout"),
+            replayed=bool(data.get("replayed", False)),
+        )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The policy's answer for one request: which rule, what action, and its terms."""
+
+    action: str  # auto | approve | deny
+    rule: str  # "rules[2]" or "default"
+    reason: str
+    approvals: int = 1
+    timeout_s: float = 3600.0
+    on_timeout: str = "deny"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "action": self.action,
+            "rule": self.rule,
+            "reason": self.reason,
+            "approvals": self.approvals,
+            "timeout_s": self.timeout_s,
+            "on_timeout": self.on_timeout,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Verdict:
+        return cls(
+            action=data["action"],
+            rule=data["rule"],
+            reason=data["reason"],
+            approvals=int(data.get("approvals", 1)),
+            timeout_s=float(data.get("timeout_s", 3600.0)),
+            on_timeout=data.get("on_timeout", "deny"),
+        )
+
+
+@dataclass(frozen=True)
+class Preview:
+    """The literal artefact a person must see before approving: never a summary.
+
+    `title` says what will happen in one line; `target` names the service and the
+    destination; `body` is the exact content, diff or message; `facts` are short
+    key/value lines (object size, old ETag, …).
+    """
+
+    title: str
+    target: str
+    body: str = ""
+    body_kind: str = "text"  # text | diff | json
+    facts: tuple[tuple[str, str], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "title": self.title,
+            "target": self.target,
+            "body": self.body,
+            "body_kind": self.body_kind,
+            "facts": [list(f) for f in self.facts],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Preview:
+        return cls(
+            title=data["title"],
+            target=data["target"],
+            body=data.get("body", ""),
+            body_kind=data.get("body_kind", "text"),
+            facts=tuple((str(k), str(v)) for k, v in data.get("facts", [])),
+        )

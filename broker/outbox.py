@@ -1,0 +1,174 @@
+"""The outboxes the broker serves, and one watcher for all of them.
+
+Each served sandbox has an outbox (the agent writes), a results dir (the broker
+writes) and, where it can, a private claim dir on the same file system: a request is
+moved there by rename before it is read, so nothing the sandbox does afterwards (a
+rewrite, a symlink swap) can change what the broker reads. File-system events are a
+hint: a periodic rescan converges on the real contents when events are lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from broker.errors import ConfigError
+
+log = logging.getLogger("broker.outbox")
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW
+SANDBOX_ID = "default"
+
+
+@dataclass
+class Outbox:
+    """One sandbox's directories, held open by fd for the broker's lifetime."""
+
+    sandbox: str
+    outbox: Path
+    results: Path
+    claim: Path | None
+    outbox_fd: int = -1
+    results_fd: int = -1
+    claim_fd: int = -1
+
+    def open(self) -> Outbox:
+        try:
+            self.outbox_fd = os.open(self.outbox, _DIR)
+            self.results.mkdir(parents=True, exist_ok=True)
+            self.results_fd = os.open(self.results, _DIR)
+            if self.claim is not None:
+                self.claim.mkdir(mode=0o700, parents=True, exist_ok=True)
+                if os.stat(self.claim).st_dev != os.fstat(self.outbox_fd).st_dev:
+                    self.claim = None  # another file system: read in place instead
+                else:
+                    self.claim_fd = os.open(self.claim, _DIR)
+        except OSError as exc:
+            raise ConfigError(
+                f"sandbox {self.sandbox}: cannot open {exc.filename}: {exc.strerror}"
+            ) from exc
+        return self
+
+    def close(self) -> None:
+        for fd in (self.outbox_fd, self.results_fd, self.claim_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.outbox_fd = self.results_fd = self.claim_fd = -1
+
+    def names(self) -> list[str]:
+        try:
+            return sorted(os.listdir(self.outbox_fd))
+        except OSError:
+            return []
+
+    def claimed(self) -> list[str]:
+        if self.claim_fd < 0:
+            return []
+        return sorted(os.listdir(self.claim_fd))
+
+
+def attach(sandbox: str, outbox: Path, results: Path, state_dir: Path) -> Outbox:
+    """An orchestrator's own pair of directories (attach mode)."""
+    outbox, results = outbox.absolute(), results.absolute()
+    if not outbox.is_dir():
+        raise ConfigError(f"--outbox {outbox}: not a directory")
+    if state_dir.absolute().is_relative_to(outbox):
+        raise ConfigError(f"the state dir {state_dir} must not be inside the outbox {outbox}")
+    return Outbox(sandbox, outbox, results, state_dir.absolute() / "claimed" / sandbox).open()
+
+
+def from_layout(root: Path, sandbox: str) -> Outbox:
+    """A sandbox under <state>/sandboxes/<id>/ (the layout `broker run` creates)."""
+    base = root / sandbox
+    return Outbox(sandbox, base / "outbox", base / "results", base / "claimed").open()
+
+
+def discover(sandboxes_dir: Path) -> list[str]:
+    """Sandbox ids under <state>/sandboxes/ that have an outbox."""
+    try:
+        entries = sorted(os.listdir(sandboxes_dir))
+    except FileNotFoundError:
+        return []
+    return [e for e in entries if (sandboxes_dir / e / "outbox").is_dir() and not e.startswith(".")]
+
+
+class Watcher:
+    """One thread watching many directories with watchfiles; restarts on error.
+
+    Puts ("file", dir, name) for each added or changed entry and ("dirs",) when a
+    watched parent (the sandboxes root, the control dir) changes.
+    """
+
+    def __init__(self, events: queue.Queue[tuple[Any, ...]], step_ms: int = 2) -> None:
+        self._events = events
+        self._step_ms = step_ms
+        self._dirs: list[Path] = []
+        self._parents: list[Path] = []
+        self._stop = threading.Event()
+        self._restart = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def watch(self, dirs: Iterable[Path], parents: Iterable[Path] = ()) -> None:
+        with self._lock:
+            self._dirs = [Path(d) for d in dirs]
+            self._parents = [Path(p) for p in parents]
+        self._restart.set()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="broker-watcher", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._restart.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        from watchfiles import Change, watch
+
+        while not self._stop.is_set():
+            self._restart.clear()
+            with self._lock:
+                dirs, parents = list(self._dirs), list(self._parents)
+            paths = [d for d in dirs + parents if d.is_dir()]
+            if not paths:
+                self._restart.wait(1.0)
+                continue
+            parent_set = {str(p) for p in parents}
+            try:
+                for changes in watch(
+                    *paths,
+                    stop_event=_Either(self._stop, self._restart),
+                    debounce=50,
+                    step=self._step_ms,
+                    rust_timeout=1000,
+                    recursive=False,
+                    raise_interrupt=False,
+                    ignore_permission_denied=True,
+                ):
+                    for change, path in changes:
+                        folder, _, name = path.rpartition("/")
+                        if folder in parent_set:
+                            self._events.put(("dirs",))
+                        elif change != Change.deleted:
+                            self._events.put(("file", folder, name))
+            except Exception as exc:  # the watcher is a hint; the rescan keeps us right
+                log.warning("watcher failed (%s); restarting it and rescanning", exc)
+                self._events.put(("rescan",))
+                self._stop.wait(0.5)
+
+
+class _Either:
+    """A stop_event for watchfiles that is set when either event is."""
+
+    def __init__(self, a: threading.Event, b: threading.Event) -> None:
+        self._a, self._b = a, b
+
+    def is_set(self) -> bool:
+        return self._a.is_set() or self._b.is_set()

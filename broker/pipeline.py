@@ -1,0 +1,847 @@
+"""The data path, one request at a time, with group commit per wake-up.
+
+    claim → read → parse → validate → record (+ audit) → classify → apply → answer
+
+A stage ends a request by raising an Outcome (Rejected, Denied, …); the ledger row is
+committed before anything observable follows it (a file removed, a result written,
+an audit line appended, a handler called). Everything one wake-up brings shares one
+commit. Handlers run on a small pool; their outcomes come back through the queue.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from broker import intake, results
+from broker.audit import AuditLog
+from broker.config import Config
+from broker.errors import EffectFailed, Outcome, Rejected
+from broker.intake import Kind
+from broker.ledger import Ledger, Record
+from broker.models import Request, iso, now, parse_iso
+from broker.outbox import Outbox, Watcher, discover, from_layout
+from broker.policy import Policy
+from broker.registry import Registry
+from broker.validation import Validator
+from effects.base import Context
+
+log = logging.getLogger("broker")
+REDACTED = "•••"
+
+
+def _fault(point: str) -> None:
+    """Crash-injection hook for the reliability suite: BROKER_CRASH_AT=<point>."""
+    if _CRASH_AT and point == _CRASH_AT:
+        os.kill(os.getpid(), 9)
+
+
+_CRASH_AT = os.environ.get("BROKER_CRASH_AT", "")
+
+
+@dataclass
+class _Batch:
+    """What one wake-up must do once its transaction has committed."""
+
+    remove: list[tuple[Outbox, str, bool]] = field(default_factory=list)  # (box, name, claimed)
+    answer: list[Record] = field(default_factory=list)
+    apply: list[Record] = field(default_factory=list)
+    deadlines: list[Record] = field(default_factory=list)
+
+
+class Broker:
+    """Serves a set of outboxes until stopped. Owns the ledger connection."""
+
+    def __init__(
+        self,
+        config: Config,
+        registry: Registry,
+        policy: Policy,
+        *,
+        ledger: Ledger | None = None,
+        workers: int = 4,
+    ) -> None:
+        self.config = config
+        self.registry = registry
+        self.policy = policy
+        self.validator = Validator(registry.schemas())
+        self.ledger = ledger or Ledger(config.ledger_path)
+        self.audit = AuditLog(config.audit_path)
+        self.outboxes: dict[str, Outbox] = {}
+        self._by_dir: dict[str, Outbox] = {}
+        self.events: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="broker-apply")
+        self._in_flight: set[tuple[str, str]] = set()
+        self._deadlines: list[tuple[str, str, str]] = []
+        self._synced: list[tuple[str, str, str]] = []
+        self._audit_done: tuple[int, str] | None = None
+        self._secrets = sorted(config.secret_values(), key=len, reverse=True)
+        self._watcher: Watcher | None = None
+        self._roots: list[Path] = []
+        self._claim_counter = 0
+        self._bad_names: set[tuple[str, str]] = set()
+        self.on_change: list[Callable[[Record], None]] = []
+
+    # -- what is served ---------------------------------------------------------
+
+    def add(self, box: Outbox) -> None:
+        self.outboxes[box.sandbox] = box
+        self._by_dir[str(box.outbox)] = box
+        self._rewatch()
+
+    def serve_root(self, sandboxes_dir: Path) -> None:
+        """Serve every sandbox under <state>/sandboxes/, including ones created later."""
+        sandboxes_dir.mkdir(parents=True, exist_ok=True)
+        self._roots.append(sandboxes_dir)
+        self._discover()
+
+    def _discover(self) -> list[Outbox]:
+        added = []
+        for root in self._roots:
+            for sandbox in discover(root):
+                if sandbox not in self.outboxes:
+                    box = from_layout(root, sandbox)
+                    self.outboxes[sandbox] = box
+                    self._by_dir[str(box.outbox)] = box
+                    added.append(box)
+        if added:
+            self._rewatch()
+        return added
+
+    def _rewatch(self) -> None:
+        if self._watcher is not None:
+            self._watcher.watch([b.outbox for b in self.outboxes.values()], self._parents())
+
+    def _parents(self) -> list[Path]:
+        control = self.config.state_dir / "control"
+        control.mkdir(parents=True, exist_ok=True)
+        return [*self._roots, control]
+
+    # -- the loop ---------------------------------------------------------------
+
+    def serve(self, stop: threading.Event, *, ready: Callable[[], None] | None = None) -> None:
+        """Recover, scan, then process events until `stop` is set."""
+        self.recover()
+        self._watcher = Watcher(self.events)
+        self._rewatch()
+        self.rescan()
+        if ready:
+            ready()
+        next_rescan = time.monotonic() + self.config.rescan_interval_s
+        try:
+            while not stop.is_set():
+                timeout = min(0.5, max(0.0, next_rescan - time.monotonic()), self._until_deadline())
+                items = self._take(timeout)
+                if time.monotonic() >= next_rescan:
+                    items.append(("rescan",))
+                    next_rescan = time.monotonic() + self.config.rescan_interval_s
+                self.step(items)
+        finally:
+            self.close()
+
+    def drain(self, timeout: float = 30.0) -> None:
+        """Process what is in the outboxes and wait for applies in flight."""
+        end = time.monotonic() + timeout
+        self.rescan()
+        while time.monotonic() < end:
+            items = self._take(0.05)
+            self.step(items)
+            if not self._in_flight and self.events.empty() and not self._pending_files():
+                break
+
+    def _pending_files(self) -> bool:
+        for box in self.outboxes.values():
+            if any(intake.classify(n)[0] is Kind.REQUEST for n in box.names()):
+                return True
+        return False
+
+    def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
+        self._pool.shutdown(wait=True)
+        # applies that finished during shutdown are recorded before we go
+        self.step(self._take(0))
+        for box in self.outboxes.values():
+            box.close()
+        self.ledger.close()
+
+    def _take(self, timeout: float) -> list[tuple[Any, ...]]:
+        items: list[tuple[Any, ...]] = []
+        try:
+            items.append(
+                self.events.get(timeout=timeout) if timeout > 0 else self.events.get_nowait()
+            )
+        except queue.Empty:
+            return items
+        while True:
+            try:
+                items.append(self.events.get_nowait())
+            except queue.Empty:
+                return items
+
+    def _until_deadline(self) -> float:
+        if not self._deadlines:
+            return 3600.0
+        due = parse_iso(self._deadlines[0][0])
+        assert due is not None
+        return max(0.0, (due - now()).total_seconds())
+
+    # -- one wake-up ------------------------------------------------------------
+
+    def rescan(self) -> None:
+        self._discover()
+        for box in list(self.outboxes.values()):
+            for name in box.names():
+                self.events.put(("file", str(box.outbox), name))
+
+    def step(self, items: Iterable[tuple[Any, ...]]) -> None:
+        files: dict[tuple[str, str], Outbox] = {}
+        done: list[tuple[Any, ...]] = []
+        reload = False
+        for item in items:
+            kind = item[0]
+            if kind == "file":
+                box = self._by_dir.get(item[1])
+                if box is not None:
+                    files.setdefault((box.sandbox, item[2]), box)
+            elif kind == "done":
+                done.append(item)
+            elif kind == "dirs":
+                self._discover()
+                reload = True
+            elif kind == "rescan":
+                self.rescan()
+                reload = True
+        due = self._due()
+        if not (files or done or due or reload or self._synced or self._audit_done):
+            return
+        batch = _Batch()
+        claimed = [(box, name, self._claim(box, name)) for (_, name), box in files.items()]
+        with self.ledger.transaction():
+            self._mark_synced()
+            for box, name, where in claimed:
+                if where is not None:
+                    self._intake_guarded(box, name, where, batch)
+            for item in done:
+                self._finish(item, batch)
+            for sandbox, request_id in due:
+                self._expire(sandbox, request_id, batch)
+            if reload:
+                self._reload(batch)
+        _fault("after_commit")
+        self._after_commit(batch)
+
+    def _after_commit(self, batch: _Batch) -> None:
+        for box, name, is_claim in batch.remove:
+            self._remove(box, name, is_claim)
+        _fault("before_results")
+        for record in batch.answer:
+            self._answer(record)
+        _fault("before_audit")
+        self._flush_audit()
+        for record in batch.deadlines:
+            if record.expires_at:
+                heapq.heappush(self._deadlines, (record.expires_at, record.sandbox, record.id))
+        for record in batch.apply:
+            self._submit(record)
+
+    # -- intake -----------------------------------------------------------------
+
+    def _claim(self, box: Outbox, name: str) -> str | None:
+        """Move `name` out of the sandbox's reach; return where to read it, or None."""
+        kind, _, _ = intake.classify(name)
+        if kind is Kind.TEMPORARY:
+            return None
+        if kind is not Kind.REQUEST:
+            if kind is Kind.BAD and (box.sandbox, name) not in self._bad_names:
+                if len(self._bad_names) < 10_000:
+                    self._bad_names.add((box.sandbox, name))
+                log.warning("sandbox %s: ignoring %r: not a request name", box.sandbox, name)
+            return None
+        if box.claim_fd < 0:
+            return name if _exists(box.outbox_fd, name) else None
+        self._claim_counter += 1
+        target = f"{name}~{os.getpid()}-{self._claim_counter}"
+        try:
+            os.rename(name, target, src_dir_fd=box.outbox_fd, dst_dir_fd=box.claim_fd)
+        except FileNotFoundError:
+            return None  # already taken (an event and a rescan for the same file)
+        return target
+
+    def _intake_guarded(self, box: Outbox, name: str, where: str, batch: _Batch) -> None:
+        """A bug met by one request must not stop the others: it waits in the claim dir."""
+        mark = len(batch.remove), len(batch.answer), len(batch.apply), len(batch.deadlines)
+        try:
+            with self.ledger.savepoint():
+                self._intake(box, name, where, batch)
+        except Exception:
+            log.exception(
+                "sandbox %s: could not process %r; kept for the next start", box.sandbox, name
+            )
+            del batch.remove[mark[0] :], batch.answer[mark[1] :], batch.apply[mark[2] :]
+            del batch.deadlines[mark[3] :]
+
+    def _intake(self, box: Outbox, name: str, where: str, batch: _Batch) -> None:
+        is_claim = box.claim_fd >= 0
+        stem = name.removesuffix(".json")
+        received = iso(now())
+        assert received is not None
+        batch.remove.append((box, where, is_claim))
+        doc: Any = None
+        raw = b""
+        try:
+            raw = intake.read_file(
+                box.claim_fd if is_claim else box.outbox_fd,
+                where,
+                self.config.limits.max_request_bytes,
+            )
+            _fault("after_read")
+            doc = intake.parse_json(raw, self.config.limits.max_depth)
+            self.validator.envelope(doc)
+            request = Request(
+                sandbox=box.sandbox,
+                id=doc.get("id", stem),
+                name=stem,
+                effect=doc["effect"],
+                params=doc["params"],
+                reason=doc.get("reason"),
+                idempotency_key=doc.get("idempotency_key"),
+            )
+        except FileNotFoundError:
+            batch.remove.pop()
+            return
+        except Rejected as exc:
+            rid = doc.get("id") if isinstance(doc, dict) else None
+            if not isinstance(rid, str) or not intake.REQUEST_ID.fullmatch(rid):
+                rid = stem
+            self._record_invalid(box, rid, stem, raw, doc, exc, received, batch)
+            return
+        existing = self.ledger.get(box.sandbox, request.id)
+        if existing is not None:
+            self._duplicate(existing, request, batch)
+            return
+        record = Record(
+            sandbox=box.sandbox,
+            id=request.id,
+            name=stem,
+            state="received",
+            received_at=received,
+            effect=request.effect,
+            payload=request.payload.decode("utf-8"),
+            sha256=request.sha256,
+            idempotency_key=request.idempotency_key,
+        )
+        self._audit("received", record, name=stem)
+        try:
+            self.validator.params(request.effect, request.params)
+            handler = self.registry.get(request.effect)
+            ctx = self._context(record)
+            handler.check(request.params, ctx)
+            reversible = handler.reversible_for(request.params, ctx)
+            record = record.evolve(reversible=reversible)
+            if self._replay(record, request, batch):
+                return
+            self._classify(record, request, handler, ctx, batch)
+        except Outcome as exc:
+            self._conclude_new(record, exc, batch)
+
+    def _record_invalid(
+        self,
+        box: Outbox,
+        rid: str,
+        stem: str,
+        raw: bytes,
+        doc: Any,
+        exc: Rejected,
+        received: str,
+        batch: _Batch,
+    ) -> None:
+        from broker.models import sha256_hex
+
+        existing = self.ledger.get(box.sandbox, rid)
+        if existing is not None:
+            log.warning(
+                "sandbox %s: %s reused id %r; the first request's result stands",
+                box.sandbox,
+                stem,
+                rid,
+            )
+            self._audit("duplicate_id", existing, name=stem, sha256=sha256_hex(raw))
+            return
+        record = Record(
+            sandbox=box.sandbox,
+            id=rid,
+            name=stem,
+            state="received",
+            received_at=received,
+            effect=doc.get("effect")
+            if isinstance(doc, dict) and isinstance(doc.get("effect"), str)
+            else None,
+            sha256=sha256_hex(raw) if raw else None,
+        )
+        self._audit("received", record, name=stem)
+        self._conclude_new(record, exc, batch)
+
+    def _duplicate(self, existing: Record, request: Request, batch: _Batch) -> None:
+        if existing.sha256 == request.sha256:
+            return  # the same bytes again (a retry, or a file read before a crash)
+        log.warning(
+            "sandbox %s: request id %r was used again with other content; the first "
+            "request's result stands",
+            existing.sandbox,
+            existing.id,
+        )
+        self._audit("duplicate_id", existing, sha256=request.sha256, name=request.name)
+
+    def _replay(self, record: Record, request: Request, batch: _Batch) -> bool:
+        key = request.idempotency_key
+        if key is None:
+            return False
+        first = self.ledger.by_idempotency_key(request.sandbox, key)
+        if first is None:
+            return False
+        same = first.effect == request.effect and first.envelope.get("params") == request.params
+        if not same:
+            raise Rejected(
+                f"invalid: idempotency_key {key!r} was used by request {first.id} for a "
+                "different effect or params; use a new key for a new request",
+                [
+                    _issue(
+                        "/idempotency_key",
+                        "idempotency_conflict",
+                        "the key was used for another payload",
+                    )
+                ],
+            )
+        record = record.evolve(replay_of=first.id)
+        if first.terminal:
+            record = self._copy_outcome(record, first)
+            batch.answer.append(record)
+        self.ledger.insert(record)
+        self._audit("replayed", record, of=first.id, status=record.state)
+        return True
+
+    def _copy_outcome(self, record: Record, first: Record) -> Record:
+        return record.evolve(
+            state=first.state,
+            reason=first.reason,
+            output=first.output,
+            errors=first.errors,
+            decided_by=first.decided_by,
+            decided_at=first.decided_at,
+            completed_at=first.completed_at or iso(now()),
+        )
+
+    def _classify(
+        self, record: Record, request: Request, handler: Any, ctx: Context, batch: _Batch
+    ) -> None:
+        verdict = self.policy.classify(request.effect, request.params, bool(record.reversible))
+        stamp = iso(now())
+        record = record.evolve(verdict=verdict.to_json())
+        if verdict.action == "deny":
+            raise _Denied(f"denied by policy ({verdict.rule}): {verdict.reason}", verdict.rule)
+        if verdict.action == "auto":
+            record = self.ledger.insert(
+                record.evolve(
+                    state="applying",
+                    decided_by="policy",
+                    decided_at=stamp,
+                    reason=f"applied automatically ({verdict.rule}): {verdict.reason}",
+                )
+            )
+            self._audit("decided", record, action="auto", rule=verdict.rule, by="policy")
+            self._audit("applying", record)
+            batch.apply.append(record)
+            return
+        if self.ledger.count_waiting(record.sandbox) >= self.config.limits.max_pending_per_sandbox:
+            raise _Denied(
+                f"denied: {self.config.limits.max_pending_per_sandbox} requests from this sandbox "
+                "already wait for a person; wait for their results before sending more",
+                "pending_cap",
+            )
+        try:
+            preview = handler.preview(request.params, ctx).to_json()
+        except EffectFailed as exc:
+            preview = {
+                "title": "the preview could not be computed",
+                "target": request.effect,
+                "body": exc.reason,
+                "body_kind": "text",
+                "facts": [],
+            }
+        except Exception:
+            log.exception("preview of %s/%s failed", record.sandbox, record.id)
+            preview = {
+                "title": "the preview could not be computed",
+                "target": request.effect,
+                "body": "the handler failed while computing its preview; see the broker's log",
+                "body_kind": "text",
+                "facts": [],
+            }
+        on_timeout = verdict.on_timeout
+        if on_timeout == "approve" and not record.reversible:
+            on_timeout = "deny"  # fail closed: this request cannot be undone
+        expires = now() + timedelta(seconds=verdict.timeout_s)
+        record = self.ledger.insert(
+            record.evolve(
+                state="pending",
+                preview=self._redact(preview),
+                expires_at=iso(expires),
+                on_timeout=on_timeout,
+                reason=f"waiting for {verdict.approvals} approval(s): {verdict.reason}",
+            )
+        )
+        self._audit(
+            "pending",
+            record,
+            rule=verdict.rule,
+            expires_at=record.expires_at,
+            on_timeout=on_timeout,
+        )
+        batch.answer.append(record)
+        batch.deadlines.append(record)
+
+    def _conclude_new(self, record: Record, exc: Outcome, batch: _Batch) -> None:
+        stamp = iso(now())
+        issues = [i.to_json() for i in getattr(exc, "issues", ())]
+        by = "policy" if isinstance(exc, _Denied) else None
+        record = self.ledger.insert(
+            record.evolve(
+                state=exc.status,
+                reason=self._redact(exc.reason),
+                errors=self._redact(issues),
+                decided_by=by,
+                decided_at=stamp if by else None,
+                completed_at=stamp,
+            )
+        )
+        extra: dict[str, Any] = {"reason": record.reason}
+        if isinstance(exc, _Denied):
+            extra["rule"] = exc.rule
+        if issues:
+            extra["errors"] = [f"{i['path']}: {i['code']}" for i in issues][:20]
+        self._audit(exc.status, record, **extra)
+        batch.answer.append(record)
+
+    # -- applying ---------------------------------------------------------------
+
+    def _context(self, record: Record) -> Context:
+        integration = (record.effect or "").split(".", 1)[0]
+
+        def secret(key: str) -> str | None:
+            return self.config.secret(integration, key)
+
+        def attachment(name: str) -> Path:
+            digest = (record.envelope.get("attachments") or {}).get(name)
+            if not digest:
+                raise EffectFailed(f"failed: no attachment named {name!r} came with the request")
+            return self.config.state_dir / "attachments" / str(digest)
+
+        return Context(
+            sandbox=record.sandbox,
+            request_id=record.id,
+            request_sha256=record.sha256 or "",
+            settings=self.config.integration(integration),
+            state_dir=self.config.state_dir,
+            secret=secret,
+            attachment=attachment,
+        )
+
+    def _submit(self, record: Record) -> None:
+        if record.key in self._in_flight:
+            return
+        self._in_flight.add(record.key)
+        self._pool.submit(self._run_handler, record)
+
+    def _run_handler(self, record: Record) -> None:
+        """On a worker: call the handler; the outcome goes back through the queue."""
+        try:
+            handler = self.registry.get(record.effect or "")
+            params = record.envelope["params"]
+            output = handler.apply(params, self._context(record))
+            _fault("after_apply")
+            if not isinstance(output, dict):
+                raise TypeError(
+                    f"{handler.name}.apply returned {type(output).__name__}, not a dict"
+                )
+            self.events.put(("done", record.key, "applied", None, output, []))
+        except Outcome as exc:
+            issues = [i.to_json() for i in getattr(exc, "issues", ())]
+            self.events.put(("done", record.key, exc.status, exc.reason, None, issues))
+        except Exception:
+            log.exception("handler for %s/%s raised", record.sandbox, record.id)
+            self.events.put(
+                (
+                    "done",
+                    record.key,
+                    "failed",
+                    f"failed: the {record.effect} handler broke on the host; the effect may "
+                    "not have happened; ask the operator to check the broker's log",
+                    None,
+                    [],
+                )
+            )
+
+    def _finish(self, item: tuple[Any, ...], batch: _Batch) -> None:
+        _, key, status, reason, output, issues = item
+        self._in_flight.discard(key)
+        record = self.ledger.get(*key)
+        if record is None or record.state != "applying":
+            return
+        if status == "applied" and reason is None:
+            reason = record.reason or "applied"
+        record = self.ledger.update(
+            record,
+            state=status,
+            reason=self._redact(reason),
+            output=self._redact(output),
+            errors=self._redact(issues) or None,
+            completed_at=iso(now()),
+        )
+        self._audit(status, record, reason=record.reason)
+        batch.answer.append(record)
+        self._settle_replays(record, batch)
+
+    def _settle_replays(self, record: Record, batch: _Batch) -> None:
+        if not record.terminal:
+            return
+        for replay in self.ledger.replays_of(record):
+            replay = self.ledger.update(
+                replay, **_outcome_fields(self._copy_outcome(replay, record))
+            )
+            self._audit("replayed", replay, of=record.id, status=replay.state)
+            batch.answer.append(replay)
+
+    # -- deadlines --------------------------------------------------------------
+
+    def _due(self) -> list[tuple[str, str]]:
+        due = []
+        stamp = iso(now())
+        assert stamp is not None
+        while self._deadlines and self._deadlines[0][0] <= stamp:
+            _, sandbox, request_id = heapq.heappop(self._deadlines)
+            due.append((sandbox, request_id))
+        return due
+
+    def _expire(self, sandbox: str, request_id: str, batch: _Batch) -> None:
+        record = self.ledger.get(sandbox, request_id)
+        if record is None or record.state != "pending":
+            return
+        stamp = iso(now())
+        if record.on_timeout == "approve" and record.reversible:
+            record = self.ledger.update(
+                record, state="applying", decided_by="policy (on_timeout)", decided_at=stamp
+            )
+            self._audit("decided", record, action="approve", by="policy (on_timeout)")
+            self._audit("applying", record)
+            batch.apply.append(record)
+            return
+        deadline = (record.verdict or {}).get("timeout_s", 0)
+        record = self.ledger.update(
+            record,
+            state="expired",
+            decided_by="policy (on_timeout)",
+            decided_at=stamp,
+            completed_at=stamp,
+            reason=(
+                f"expired: nobody decided within {_human(deadline)}, so it was not applied; "
+                "ask a person to review it, or send a reversible alternative"
+            ),
+        )
+        self._audit("expired", record, reason=record.reason)
+        batch.answer.append(record)
+        self._settle_replays(record, batch)
+
+    # -- recovery and reloads ----------------------------------------------------
+
+    def recover(self) -> None:
+        """Resume from the ledger: claimed files, results, audit, deadlines, applies."""
+        batch = _Batch()
+        with self.ledger.transaction():
+            for box in self.outboxes.values():
+                for where in box.claimed():
+                    stem_name = where.split("~", 1)[0]
+                    if intake.classify(stem_name)[0] is Kind.REQUEST:
+                        self._intake_guarded(box, stem_name, where, batch)
+                    else:
+                        batch.remove.append((box, where, True))
+            for record in self.ledger.in_states(["applying", "approved"]):
+                handler = (
+                    self.registry.get(record.effect or "")
+                    if record.effect in self.registry
+                    else None
+                )
+                if record.state == "approved" or (handler is not None and handler.idempotent):
+                    if record.state == "approved":
+                        record = self.ledger.update(record, state="applying")
+                        self._audit("applying", record)
+                    batch.apply.append(record)
+                    continue
+                record = self.ledger.update(
+                    record,
+                    state="unknown",
+                    completed_at=iso(now()),
+                    reason=(
+                        "unknown: the broker stopped while applying this effect, which is not "
+                        "safe to repeat; a person must check whether it happened "
+                        "(broker reconcile) before you retry"
+                    ),
+                )
+                self._audit("unknown", record, reason=record.reason)
+                batch.answer.append(record)
+            self._reload(batch)
+            for record in self.ledger.in_states(["pending"]):
+                batch.deadlines.append(record)
+        self._after_commit(batch)
+
+    def _reload(self, batch: _Batch) -> None:
+        """Pick up what other processes changed: decisions, results to (re)write."""
+        for record in self.ledger.unsynced():
+            if record.state == "approved":
+                record = self.ledger.update(record, state="applying")
+                self._audit("applying", record)
+                batch.apply.append(record)
+            elif record.replay_of and not record.terminal:
+                first = self.ledger.get(record.sandbox, record.replay_of)
+                if first is not None and first.terminal:
+                    self._settle_replays(first, batch)
+            else:
+                batch.answer.append(record)
+
+    # -- after the commit --------------------------------------------------------
+
+    def _remove(self, box: Outbox, name: str, is_claim: bool) -> None:
+        _fault("before_remove")
+        dir_fd = box.claim_fd if is_claim else box.outbox_fd
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            if _is_dir(st.st_mode):
+                if is_claim:
+                    shutil.rmtree(name, dir_fd=dir_fd)
+                else:
+                    os.rmdir(name, dir_fd=dir_fd)
+            else:
+                os.unlink(name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("sandbox %s: cannot remove %r: %s", box.sandbox, name, exc.strerror)
+        _fault("after_remove")
+
+    def _answer(self, record: Record) -> None:
+        result = record.result()
+        box = self.outboxes.get(record.sandbox)
+        if result is None or box is None:
+            return
+        try:
+            results.write(box.results_fd, result)
+        except OSError as exc:
+            log.error("sandbox %s: cannot write result %s: %s", record.sandbox, record.id, exc)
+            return
+        _fault("after_result")
+        self._synced.append((record.sandbox, record.id, record.state))
+        for notify in self.on_change:
+            try:
+                notify(record)
+            except Exception:
+                log.exception("an observer failed; the request is unaffected")
+
+    def _mark_synced(self) -> None:
+        if self._synced:
+            self.ledger.mark_synced(self._synced)
+            self._synced = []
+        if self._audit_done:
+            self.ledger.drop_audit(*self._audit_done)
+            self._audit_done = None
+
+    def _flush_audit(self) -> None:
+        backlog = self.ledger.audit_backlog()
+        if backlog:
+            last = self.audit.append(backlog)
+            self._audit_done = (last, self.audit.head)
+
+    def _audit(self, event: str, record: Record, **extra: Any) -> None:
+        entry: dict[str, Any] = {
+            "at": iso(now()),
+            "event": event,
+            "sandbox": record.sandbox,
+            "id": record.id,
+            "effect": record.effect,
+            "sha256": record.sha256,
+        }
+        entry.update({k: v for k, v in extra.items() if v is not None})
+        self.ledger.queue_audit(self._redact(entry))
+
+    def _redact(self, value: Any) -> Any:
+        if not self._secrets or value is None:
+            return value
+        if isinstance(value, str):
+            for secret in self._secrets:
+                value = value.replace(secret, REDACTED)
+            return value
+        if isinstance(value, dict):
+            return {self._redact(k): self._redact(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._redact(v) for v in value]
+        return value
+
+
+class _Denied(Outcome):
+    status = "denied"
+
+    def __init__(self, reason: str, rule: str) -> None:
+        super().__init__(reason)
+        self.rule = rule
+
+
+def _issue(path: str, code: str, message: str) -> Any:
+    from broker.errors import Issue
+
+    return Issue(path, code, message)
+
+
+def _outcome_fields(record: Record) -> dict[str, Any]:
+    return {
+        "state": record.state,
+        "reason": record.reason,
+        "output": record.output,
+        "errors": record.errors,
+        "decided_by": record.decided_by,
+        "decided_at": record.decided_at,
+        "completed_at": record.completed_at,
+    }
+
+
+def _exists(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return True
+
+
+def _is_dir(mode: int) -> bool:
+    import stat
+
+    return stat.S_ISDIR(mode)
+
+
+def _human(seconds: float) -> str:
+    seconds = float(seconds)
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{int(seconds // 3600)}h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{int(seconds // 60)}m"
+    return f"{seconds:g}s"

@@ -1,0 +1,240 @@
+"""Rules a reviewer can read in a code review, turned into a verdict per request.
+
+Ordered rules; the first whose `effect` glob and `when` conditions match decides.
+With no matching rule: reversible effects apply automatically, the rest wait for a
+person for one hour and are then denied. `classify` is a pure function.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+from broker.errors import PolicyError
+from broker.models import Verdict
+
+ACTIONS = ("auto", "approve", "deny")
+RULE_KEYS = {"effect", "when", "action", "reason", "approvals", "timeout", "on_timeout"}
+DEFAULT_TIMEOUT_S = 3600.0
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+# effect name -> does its handler declare it reversible? (the registered effects)
+Reversibility = Mapping[str, bool]
+
+
+def parse_duration(value: Any) -> float:
+    """'90s', '4h', '1h30m', '2d' or a number of seconds → seconds."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"expected a duration like '30s', '4h' or '1h30m', got {value!r}")
+    text = value.strip().replace(" ", "")
+    pos, total = 0, 0.0
+    for match in _DURATION.finditer(text):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _UNITS[match.group(2)]
+        pos = match.end()
+    if pos != len(text) or total <= 0:
+        raise ValueError(f"expected a duration like '30s', '4h' or '1h30m', got {value!r}")
+    return total
+
+
+def _lookup(params: Mapping[str, Any], dotted: str) -> tuple[bool, Any]:
+    value: Any = params
+    for part in dotted.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return False, None
+        value = value[part]
+    return True, value
+
+
+def _value_matches(expected: Any, actual: Any) -> bool:
+    if isinstance(expected, list):
+        return any(_value_matches(e, actual) for e in expected)
+    if isinstance(expected, str):
+        return isinstance(actual, str) and fnmatchcase(actual, expected)
+    return type(expected) is type(actual) and expected == actual
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One `[[rules]]` table."""
+
+    index: int
+    effect: str
+    action: str
+    reason: str
+    when: Mapping[str, Any] = field(default_factory=dict)
+    approvals: int = 1
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    on_timeout: str = "deny"
+
+    @property
+    def label(self) -> str:
+        return f"rules[{self.index}]"
+
+    def matches(self, effect: str, params: Mapping[str, Any]) -> bool:
+        if not fnmatchcase(effect, self.effect):
+            return False
+        for key, expected in self.when.items():
+            found, actual = _lookup(params, key)
+            if not found or not _value_matches(expected, actual):
+                return False
+        return True
+
+    def explain(self, effect: str, params: Mapping[str, Any]) -> str:
+        """Why this rule does or does not match, in one line."""
+        if not fnmatchcase(effect, self.effect):
+            return f"effect {effect!r} does not match {self.effect!r}"
+        for key, expected in self.when.items():
+            found, actual = _lookup(params, key)
+            if not found:
+                return f"params.{key} is absent"
+            if not _value_matches(expected, actual):
+                return f"params.{key} = {actual!r} does not match {expected!r}"
+        conds = ", ".join(f"params.{k} matches {v!r}" for k, v in self.when.items())
+        return f"effect matches {self.effect!r}" + (f" and {conds}" if conds else "")
+
+    def verdict(self) -> Verdict:
+        return Verdict(
+            action=self.action,
+            rule=self.label,
+            reason=self.reason,
+            approvals=self.approvals,
+            timeout_s=self.timeout_s,
+            on_timeout=self.on_timeout,
+        )
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The loaded rules; `classify` is the only thing the pipeline asks of it."""
+
+    rules: tuple[Rule, ...] = ()
+    source: str = "(no policy file: defaults only)"
+
+    def classify(self, effect: str, params: Mapping[str, Any], reversible: bool) -> Verdict:
+        for rule in self.rules:
+            if rule.matches(effect, params):
+                return rule.verdict()
+        return default_verdict(reversible)
+
+    def explain(
+        self, effect: str, params: Mapping[str, Any], reversible: bool
+    ) -> tuple[Verdict, list[str]]:
+        """The verdict and one line per rule tried, up to the one that decided."""
+        lines: list[str] = []
+        for rule in self.rules:
+            hit = rule.matches(effect, params)
+            lines.append(
+                f"{rule.label} ({rule.action}): {'MATCH' if hit else 'no'}: "
+                f"{rule.explain(effect, params)}"
+            )
+            if hit:
+                return rule.verdict(), lines
+        verdict = default_verdict(reversible)
+        lines.append(f"default ({verdict.action}): {verdict.reason}")
+        return verdict, lines
+
+
+def default_verdict(reversible: bool) -> Verdict:
+    if reversible:
+        return Verdict("auto", "default", "no rule matched; reversible effects apply at once")
+    return Verdict(
+        "approve",
+        "default",
+        "no rule matched; irreversible effects wait for a person",
+        approvals=1,
+        timeout_s=DEFAULT_TIMEOUT_S,
+        on_timeout="deny",
+    )
+
+
+def load_policy(path: Path | None, reversible: Reversibility) -> Policy:
+    """Read and check a policy file; a fault names the rule and the key."""
+    if path is None:
+        return Policy()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise PolicyError(f"{path}: no such policy file") from exc
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot read: {exc.strerror}") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise PolicyError(f"{path}: not valid TOML: {exc}") from exc
+    return parse_policy(data, reversible, str(path))
+
+
+def parse_policy(data: Mapping[str, Any], reversible: Reversibility, source: str) -> Policy:
+    extra = set(data) - {"rules"}
+    if extra:
+        raise PolicyError(f"{source}: unknown top-level key {sorted(extra)[0]!r}")
+    raw_rules = data.get("rules", [])
+    if not isinstance(raw_rules, list):
+        raise PolicyError(f"{source}: 'rules' must be an array of tables ([[rules]])")
+    rules = tuple(_rule(i, raw, reversible, source) for i, raw in enumerate(raw_rules))
+    return Policy(rules, source)
+
+
+def _rule(i: int, raw: Any, reversible: Reversibility, source: str) -> Rule:
+    where = f"{source}: rules[{i}]"
+    if not isinstance(raw, dict):
+        raise PolicyError(f"{where}: must be a table")
+    unknown = set(raw) - RULE_KEYS
+    if unknown:
+        raise PolicyError(f"{where}: unknown key {sorted(unknown)[0]!r}")
+    effect = raw.get("effect")
+    if not isinstance(effect, str) or not effect:
+        raise PolicyError(f"{where}.effect: required, a glob on the effect name")
+    action = raw.get("action")
+    if action not in ACTIONS:
+        raise PolicyError(f"{where}.action: must be one of auto, approve, deny; got {action!r}")
+    reason = raw.get("reason", f"{action} by {where.split(': ')[-1]}")
+    if not isinstance(reason, str):
+        raise PolicyError(f"{where}.reason: must be a string")
+    when = raw.get("when", {})
+    if not isinstance(when, dict):
+        raise PolicyError(f"{where}.when: must be a table of param = value, glob or list")
+    for key, value in when.items():
+        values = value if isinstance(value, list) else [value]
+        if not values or not all(
+            isinstance(v, (str, int, float, bool)) and not isinstance(v, dict) for v in values
+        ):
+            raise PolicyError(f"{where}.when.{key}: must be a value, a glob or a list of them")
+    if action != "approve":
+        for key in ("approvals", "timeout", "on_timeout"):
+            if key in raw:
+                raise PolicyError(f"{where}.{key}: only an 'approve' rule takes {key}")
+        return Rule(i, effect, action, reason, when)
+    approvals = raw.get("approvals", 1)
+    if not isinstance(approvals, int) or isinstance(approvals, bool) or approvals < 1:
+        raise PolicyError(f"{where}.approvals: must be a whole number ≥ 1")
+    try:
+        timeout_s = parse_duration(raw.get("timeout", DEFAULT_TIMEOUT_S))
+    except ValueError as exc:
+        raise PolicyError(f"{where}.timeout: {exc}") from exc
+    on_timeout = raw.get("on_timeout", "deny")
+    if on_timeout not in ("deny", "approve"):
+        raise PolicyError(f"{where}.on_timeout: must be 'deny' or 'approve'; got {on_timeout!r}")
+    if on_timeout == "approve":
+        _refuse_irreversible_auto_approve(where, effect, reversible)
+    return Rule(i, effect, action, reason, when, approvals, timeout_s, on_timeout)
+
+
+def _refuse_irreversible_auto_approve(where: str, glob: str, reversible: Reversibility) -> None:
+    names = [n for n in reversible if fnmatchcase(n, glob)]
+    if not names and "*" not in glob and "?" not in glob and "[" not in glob:
+        names = [glob]
+    for name in names:
+        if reversible.get(name) is not True:
+            raise PolicyError(
+                f"{where}.on_timeout: 'approve' is allowed only for reversible effects, "
+                f'and {name} is not reversible; use on_timeout = "deny"'
+            )

@@ -1,0 +1,67 @@
+"""Neutralising untrusted text before a person sees it, in a terminal or in HTML.
+
+Anything that could hide or fake content is shown visibly instead: ANSI escapes and
+other control characters as `\\xNN`/`\\uNNNN`, bidi overrides and zero-width
+characters as `<U+202E>`-style tags. Newlines and tabs in bodies are kept.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import unicodedata
+
+# Bidi controls, zero-width and other invisible format characters.
+_INVISIBLE = {
+    0x061C, 0x180E, 0x200B, 0x200C, 0x200D, 0x200E, 0x200F, 0x2028, 0x2029,
+    0x202A, 0x202B, 0x202C, 0x202D, 0x202E, 0x2060, 0x2061, 0x2062, 0x2063, 0x2064,
+    0x2066, 0x2067, 0x2068, 0x2069, 0xFEFF, 0xFFF9, 0xFFFA, 0xFFFB,
+}  # fmt: skip
+_NAMES = {
+    0x202A: "LRE", 0x202B: "RLE", 0x202C: "PDF", 0x202D: "LRO", 0x202E: "RLO",
+    0x2066: "LRI", 0x2067: "RLI", 0x2068: "FSI", 0x2069: "PDI", 0x200B: "ZWSP",
+    0x200C: "ZWNJ", 0x200D: "ZWJ", 0x200E: "LRM", 0x200F: "RLM", 0xFEFF: "BOM",
+    0x2060: "WJ", 0x061C: "ALM",
+}  # fmt: skip
+
+
+def _visible(ch: str) -> str:
+    code = ord(ch)
+    if code in _NAMES:
+        return f"<U+{code:04X} {_NAMES[code]}>"
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"<U+{code:04X}>"
+
+
+def _is_hidden(ch: str, keep_newlines: bool) -> bool:
+    if ch in "\n\t" and keep_newlines:
+        return False
+    code = ord(ch)
+    if code < 0x20 or 0x7F <= code < 0xA0 or code in _INVISIBLE:
+        return True
+    return unicodedata.category(ch) in ("Cf", "Cs", "Co", "Cn") and code > 0x7F
+
+
+_SUSPECT = re.compile(
+    r"[\x00-\x1f\x7f-\x9f\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb\ud800-\udfff\ue000-\uf8ff]"
+)
+
+
+def neutralize(text: str, *, keep_newlines: bool = False) -> str:
+    """`text` with every hiding or terminal-controlling character made visible."""
+    if not _SUSPECT.search(text) and text.isprintable():
+        return text
+    return "".join(_visible(c) if _is_hidden(c, keep_newlines) else c for c in text)
+
+
+def terminal(text: str, *, keep_newlines: bool = False) -> str:
+    """Neutralised text safe to give to rich: markup brackets escaped too."""
+    from rich.markup import escape
+
+    return escape(neutralize(text, keep_newlines=keep_newlines))
+
+
+def html_text(text: str, *, keep_newlines: bool = True) -> str:
+    """Neutralised and HTML-escaped text, for the inbox pages."""
+    return html.escape(neutralize(text, keep_newlines=keep_newlines), quote=True)

@@ -1,0 +1,52 @@
+"""Result files: /results/<id>.json, written by temp file + rename, never followed.
+
+No fsync: the ledger is the durability point, and results the ledger has not seen
+written are rewritten from it at start (the `synced` flag).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from broker.models import Result
+
+_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_TRUNC
+
+
+def render(result: Result) -> bytes:
+    return json.dumps(result.to_json(), ensure_ascii=False, indent=2).encode("utf-8") + b"\n"
+
+
+def write(dir_fd: int, result: Result) -> None:
+    """Atomically replace `<id>.json` in the directory `dir_fd` with `result`."""
+    write_bytes(dir_fd, f"{result.id}.json", render(result))
+
+
+def write_bytes(dir_fd: int, name: str, data: bytes) -> None:
+    tmp = f".{name}.tmp"
+    try:
+        fd = os.open(tmp, _FLAGS, 0o644, dir_fd=dir_fd)
+    except FileExistsError:
+        os.unlink(tmp, dir_fd=dir_fd)
+        fd = os.open(tmp, _FLAGS, 0o644, dir_fd=dir_fd)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+    os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+
+def read(dir_fd: int, request_id: str) -> dict[str, Any] | None:
+    try:
+        fd = os.open(
+            f"{request_id}.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd
+        )
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        value: dict[str, Any] = json.loads(f.read())
+        return value

@@ -1,0 +1,229 @@
+"""Test helpers shipped for plugin authors: a fake handler and a broker in a thread.
+
+from broker.testing import FakeHandler, BrokerHarness
+
+with BrokerHarness(tmp_path, handlers=[FakeHandler("demo.ping")]) as h:
+    result = h.submit({"effect": "demo.ping", "params": {}})
+    assert result["status"] == "applied"
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from broker.config import Config, Limits
+from broker.errors import EffectFailed
+from broker.models import TERMINAL, Preview
+from broker.outbox import attach
+from broker.pipeline import Broker
+from broker.policy import Policy, parse_policy
+from broker.registry import Registry
+from broker.typing import JSON, Params
+from effects.base import Context
+
+FAKE_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "properties": {
+        "value": {"type": ["string", "integer"]},
+        "fail": {"type": "string"},
+        "sleep": {"type": "number", "minimum": 0, "maximum": 30},
+    },
+    "additionalProperties": False,
+}
+
+
+class FakeHandler:
+    """An effect that records each apply in memory; `fail` in params makes it fail."""
+
+    undo: str = "nothing to undo: the fake handler only records calls"
+
+    def __init__(
+        self,
+        name: str = "test.record",
+        *,
+        reversible: bool = True,
+        idempotent: bool = True,
+        schema: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.name = name
+        self.reversible = reversible
+        self.idempotent = idempotent
+        self.schema: Mapping[str, Any] = schema or FAKE_SCHEMA
+        self.applied: list[dict[str, Any]] = []
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.release.set()
+
+    def check_config(self, settings: Mapping[str, Any]) -> None:
+        return None
+
+    def check(self, params: Params, ctx: Context) -> None:
+        return None
+
+    def reversible_for(self, params: Params, ctx: Context) -> bool:
+        return self.reversible
+
+    def preview(self, params: Params, ctx: Context) -> Preview:
+        return Preview(
+            title=f"record {params.get('value')!r}",
+            target=f"test: {self.name}",
+            body=json.dumps(dict(params), indent=2, ensure_ascii=False),
+            body_kind="json",
+        )
+
+    def apply(self, params: Params, ctx: Context) -> JSON:
+        self.started.set()
+        self.release.wait(30)
+        if "sleep" in params:
+            time.sleep(float(params["sleep"]))
+        if "fail" in params:
+            raise EffectFailed(f"failed: {params['fail']}")
+        self.applied.append(dict(params))
+        return {"recorded": len(self.applied), "value": params.get("value")}
+
+
+class BrokerHarness:
+    """A real Broker serving one attach-mode outbox in a thread, in a temp dir."""
+
+    def __init__(
+        self,
+        base: Path,
+        *,
+        handlers: Iterable[Any] = (),
+        policy: str | Mapping[str, Any] | Policy | None = None,
+        integrations: Mapping[str, Mapping[str, Any]] | None = None,
+        limits: Limits | None = None,
+        sandbox: str = "default",
+        builtins: bool = True,
+    ) -> None:
+        self.base = Path(base)
+        self.outbox = self.base / "outbox"
+        self.results = self.base / "results"
+        self.state = self.base / "state"
+        for d in (self.outbox, self.results, self.state):
+            d.mkdir(parents=True, exist_ok=True)
+        self.registry = Registry()
+        if builtins:
+            self.registry.load_entry_points()
+        for handler in handlers:
+            self.registry.register(handler, "tests")
+        self.config = Config(
+            state_dir=self.state,
+            limits=limits or Limits(),
+            integrations=dict(integrations or {}),
+            rescan_interval_s=2.0,
+        )
+        self.registry.check_config(self.config.integrations)
+        if isinstance(policy, Policy):
+            self.policy = policy
+        elif isinstance(policy, str):
+            import tomllib
+
+            self.policy = parse_policy(tomllib.loads(policy), self.registry.reversibility(), "test")
+        elif policy is not None:
+            self.policy = parse_policy(policy, self.registry.reversibility(), "test")
+        else:
+            self.policy = Policy()
+        self.sandbox = sandbox
+        self.broker: Broker | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def start(self) -> BrokerHarness:
+        self._stop.clear()
+        self.broker = Broker(self.config, self.registry, self.policy)
+        self.broker.add(attach(self.sandbox, self.outbox, self.results, self.state))
+        ready = threading.Event()
+
+        def run() -> None:
+            assert self.broker is not None
+            try:
+                self.broker.serve(self._stop, ready=ready.set)
+            except BaseException as exc:  # surfaced by stop()
+                self.error = exc
+                ready.set()
+
+        self._thread = threading.Thread(target=run, name="broker-harness", daemon=True)
+        self._thread.start()
+        ready.wait(30)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+            self._thread = None
+        if self.error is not None:
+            raise self.error
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> BrokerHarness:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def write(self, name: str, data: bytes | str | Mapping[str, Any]) -> None:
+        """Write a file into the outbox atomically, as the protocol asks of agents."""
+        if isinstance(data, Mapping):
+            data = json.dumps(data)
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        tmp = self.outbox / f".{name}.{uuid.uuid4().hex}.tmp"
+        tmp.write_bytes(data)
+        os.rename(tmp, self.outbox / name)
+
+    def request(
+        self, effect: str, params: Mapping[str, Any] | None = None, **fields: Any
+    ) -> dict[str, Any]:
+        """A request envelope with a fresh id."""
+        doc: dict[str, Any] = {
+            "version": 1,
+            "id": uuid.uuid4().hex,
+            "effect": effect,
+            "params": dict(params or {}),
+        }
+        doc.update(fields)
+        return doc
+
+    def submit(
+        self,
+        doc: Mapping[str, Any],
+        *,
+        name: str | None = None,
+        timeout: float = 10.0,
+        terminal: bool = True,
+    ) -> dict[str, Any]:
+        """Write `doc` and wait for its result (terminal unless told otherwise)."""
+        rid = str(doc.get("id") or name)
+        self.write(f"{name or rid}.json", doc)
+        return self.wait(rid, timeout=timeout, terminal=terminal)
+
+    def wait(
+        self, request_id: str, *, timeout: float = 10.0, terminal: bool = True
+    ) -> dict[str, Any]:
+        path = self.results / f"{request_id}.json"
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                result: dict[str, Any] = json.loads(path.read_bytes())
+            except (FileNotFoundError, ValueError):
+                result = {}
+            if result and (not terminal or result.get("status") in TERMINAL):
+                return result
+            time.sleep(0.005)
+        raise TimeoutError(
+            f"no {'terminal ' if terminal else ''}result for {request_id} within {timeout}s"
+        )

@@ -1,0 +1,138 @@
+"""The envelope, then the effect's params, against JSON Schema (Draft 2020-12).
+
+Validators are compiled once; every error becomes an Issue with a JSON-pointer path
+so that an agent can fix its request.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError
+
+from broker.errors import Issue, Rejected
+from broker.intake import ATTACHMENT_NAME, REQUEST_ID
+
+SCHEMA_DIRS = (
+    Path(__file__).resolve().parent.parent / "schemas",  # a checkout or editable install
+    Path(__file__).resolve().parent / "_schemas",  # an installed wheel
+)
+
+
+@cache
+def load_schema(name: str) -> dict[str, Any]:
+    """A schema shipped in schemas/, by file stem (`envelope`, `files.write`)."""
+    for folder in SCHEMA_DIRS:
+        path = folder / f"{name}.json"
+        if path.is_file():
+            schema: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+            return schema
+    raise FileNotFoundError(f"no schema named {name}.json in {SCHEMA_DIRS[0]}")
+
+
+def compile_schema(schema: Mapping[str, Any], where: str) -> Draft202012Validator:
+    """Check a schema once, at start, and return its validator."""
+    from jsonschema.exceptions import SchemaError
+
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        from broker.errors import RegistryError
+
+        raise RegistryError(f"{where}: not a valid JSON Schema: {exc.message}") from exc
+    return Draft202012Validator(schema)
+
+
+def _pointer(parts: Iterable[Any]) -> str:
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def _issues(errors: Iterable[ValidationError], prefix: tuple[Any, ...]) -> list[Issue]:
+    found: list[Issue] = []
+    for error in sorted(errors, key=lambda e: (list(map(str, e.absolute_path)), e.validator)):
+        path = prefix + tuple(error.absolute_path)
+        code = str(error.validator)
+        message = error.message
+        if code == "required" and isinstance(error.validator_value, list):
+            missing = [
+                name
+                for name in error.validator_value
+                if isinstance(error.instance, dict) and name not in error.instance
+            ]
+            for name in missing:
+                found.append(Issue(_pointer((*path, name)), "required", f"{name!r} is required"))
+            continue
+        if (
+            code == "additionalProperties"
+            and isinstance(error.instance, dict)
+            and isinstance(error.schema, Mapping)
+        ):
+            allowed = set(error.schema.get("properties", {}))
+            for name in sorted(set(error.instance) - allowed):
+                found.append(
+                    Issue(_pointer((*path, name)), "unknown_property", f"{name!r} is not allowed")
+                )
+            continue
+        if len(message) > 300:
+            message = message[:300] + "…"
+        found.append(Issue(_pointer(path), code, message))
+    return found
+
+
+class Validator:
+    """Envelope and per-effect validators, compiled once at start."""
+
+    def __init__(self, schemas: Mapping[str, Mapping[str, Any]]) -> None:
+        self._envelope = compile_schema(load_schema("envelope"), "schemas/envelope.json")
+        self._params = {name: compile_schema(s, f"effect {name}") for name, s in schemas.items()}
+
+    def envelope(self, doc: Any) -> None:
+        """Raise Rejected listing every envelope error; ids are checked exactly."""
+        if not isinstance(doc, dict):
+            raise Rejected(
+                "invalid: the request must be a JSON object",
+                [Issue("", "type", "the request must be a JSON object")],
+            )
+        issues = _issues(self._envelope.iter_errors(doc), ())
+        # JSON Schema's `$` also matches before a trailing newline: check exactly.
+        rid = doc.get("id")
+        if (
+            isinstance(rid, str)
+            and not REQUEST_ID.fullmatch(rid)
+            and not any(i.path == "/id" for i in issues)
+        ):
+            issues.append(Issue("/id", "pattern", "the id must match [A-Za-z0-9_-]{1,64}"))
+        names = doc.get("attachments")
+        for i, name in enumerate(names if isinstance(names, list) else ()):
+            bad = isinstance(name, str) and not ATTACHMENT_NAME.fullmatch(name)
+            if bad and not any(x.path == f"/attachments/{i}" for x in issues):
+                issues.append(Issue(f"/attachments/{i}", "pattern", "bad attachment name"))
+        if issues:
+            raise Rejected(_summary(issues), issues)
+
+    def params(self, effect: str, params: Any) -> None:
+        validator = self._params.get(effect)
+        if validator is None:
+            raise Rejected(
+                f"invalid: unknown effect {effect!r}; run `broker effects` on the host "
+                "for the list",
+                [Issue("/effect", "unknown_effect", f"no effect named {effect!r}")],
+            )
+        issues = _issues(validator.iter_errors(params), ("params",))
+        if issues:
+            raise Rejected(_summary(issues), issues)
+
+    def known(self, effect: str) -> bool:
+        return effect in self._params
+
+
+def _summary(issues: list[Issue]) -> str:
+    first = issues[0]
+    more = f" (and {len(issues) - 1} more)" if len(issues) > 1 else ""
+    where = first.path or "the request"
+    return f"invalid: {where}: {first.message}{more}"

@@ -1,0 +1,1 @@
+"""Built-in effect handlers; third-party ones register the same way (entry points)."""

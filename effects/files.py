@@ -1,0 +1,212 @@
+"""files.write: one file below the host's export root, never outside it.
+
+Settings, `[integrations.files]`:
+    root = "/srv/agent-exports"   # required to use files.write; must exist
+
+The path is walked component by component from a directory fd with O_NOFOLLOW, so
+`..`, absolute paths and symbolic links inside the root are refused, not followed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import errno
+import hashlib
+import os
+import stat
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from broker.errors import ConfigError, EffectFailed, InvalidParams
+from broker.models import Preview
+from broker.typing import JSON, Params
+from effects.base import Context, Handler
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _parts(path: str) -> list[str]:
+    if "\x00" in path or any(ord(c) < 32 for c in path):
+        raise InvalidParams("/params/path", "the path holds control characters", "bad_path")
+    pure = PurePosixPath(path)
+    if pure.is_absolute():
+        raise InvalidParams(
+            "/params/path", "the path must be relative to the export root", "bad_path"
+        )
+    parts = [p for p in pure.parts if p != "."]
+    if not parts or ".." in parts:
+        raise InvalidParams(
+            "/params/path",
+            "the path must stay inside the export root ('..' is not allowed)",
+            "bad_path",
+        )
+    return parts
+
+
+class FilesWrite(Handler):
+    """Write one file below [integrations.files] root."""
+
+    name = "files.write"
+    reversible = True
+    idempotent = True
+    undo = (
+        "a new file can be deleted; an overwrite (overwrite: true) replaces the old "
+        "content for good"
+    )
+    config_keys = frozenset({"root"})
+
+    def check_config(self, settings: Mapping[str, Any]) -> None:
+        super().check_config(settings)
+        if "root" in settings:
+            root = settings["root"]
+            if not isinstance(root, str) or not Path(root).is_dir():
+                raise ConfigError(f"integrations.files.root: {root!r} is not an existing directory")
+
+    def check(self, params: Params, ctx: Context) -> None:
+        _parts(params["path"])
+
+    def reversible_for(self, params: Params, ctx: Context) -> bool:
+        return not params.get("overwrite", False)
+
+    def _root(self, ctx: Context) -> Path:
+        root = ctx.settings.get("root")
+        if not root:
+            raise EffectFailed(
+                "failed: files.write is not configured on this host ([integrations.files] root)"
+            )
+        return Path(root)
+
+    def preview(self, params: Params, ctx: Context) -> Preview:
+        root = self._root(ctx)
+        content: str = params["content"]
+        target = root.joinpath(*_parts(params["path"]))
+        data = content.encode("utf-8")
+        facts = [("bytes", str(len(data))), ("sha256", hashlib.sha256(data).hexdigest())]
+        body, kind = content, "text"
+        try:
+            old = self._read_existing(root, _parts(params["path"]))
+        except EffectFailed as exc:
+            facts.append(("refused", exc.reason))
+            old = None
+        if old is None:
+            facts.append(("exists", "no: a new file"))
+        else:
+            facts.append(("exists", f"yes, {len(old)} bytes"))
+            if old != data:
+                facts.append(("overwrite", "yes" if params.get("overwrite") else "no: will fail"))
+                body = "".join(
+                    difflib.unified_diff(
+                        old.decode("utf-8", "replace").splitlines(keepends=True),
+                        content.splitlines(keepends=True),
+                        fromfile=f"{target} (now)",
+                        tofile=f"{target} (after)",
+                    )
+                )
+                kind = "diff"
+        return Preview(
+            title=f"write {len(data)} bytes to {target}",
+            target=f"files: {target}",
+            body=body,
+            body_kind=kind,
+            facts=tuple(facts),
+        )
+
+    def apply(self, params: Params, ctx: Context) -> JSON:
+        root = self._root(ctx)
+        parts = _parts(params["path"])
+        data = params["content"].encode("utf-8")
+        digest = hashlib.sha256(data).hexdigest()
+        out: JSON = {"path": "/".join(parts), "bytes": len(data), "sha256": digest}
+        dir_fd = self._open_parent(root, parts, create=True)
+        try:
+            existing = self._read_at(dir_fd, parts[-1], "/".join(parts))
+            if existing == data:
+                return {**out, "created": False, "changed": False}
+            if existing is not None and not params.get("overwrite", False):
+                raise EffectFailed(
+                    f"failed: {out['path']} already exists with other content; "
+                    "choose a new path, or set overwrite: true (which needs approval)"
+                )
+            tmp = f".{parts[-1]}.{os.getpid()}.broker-tmp"
+            fd = os.open(
+                tmp,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o644,
+                dir_fd=dir_fd,
+            )
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, parts[-1], src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            os.fsync(dir_fd)
+            return {**out, "created": existing is None, "changed": True}
+        finally:
+            os.close(dir_fd)
+
+    def _read_existing(self, root: Path, parts: list[str]) -> bytes | None:
+        try:
+            dir_fd = self._open_parent(root, parts, create=False)
+        except FileNotFoundError:
+            return None
+        try:
+            return self._read_at(dir_fd, parts[-1], "/".join(parts))
+        finally:
+            os.close(dir_fd)
+
+    @staticmethod
+    def _read_at(dir_fd: int, name: str, shown: str) -> bytes | None:
+        try:
+            fd = os.open(
+                name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
+            )
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise EffectFailed(
+                    f"failed: {shown} is a symbolic link on the host; refusing to follow it"
+                ) from exc
+            raise EffectFailed(f"failed: cannot open {shown}: {exc.strerror}") from exc
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise EffectFailed(f"failed: {shown} exists and is not a regular file")
+            chunks = []
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _open_parent(root: Path, parts: list[str], *, create: bool) -> int:
+        """An fd of the file's directory, walked from root without following links."""
+        try:
+            fd = os.open(root, _DIR_FLAGS)
+        except OSError as exc:
+            raise EffectFailed(f"failed: the export root is unavailable: {exc.strerror}") from exc
+        try:
+            for i, part in enumerate(parts[:-1]):
+                try:
+                    nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                    nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except OSError as exc:
+                    where = "/".join(parts[: i + 1])
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                        raise EffectFailed(
+                            f"failed: {where} is a symbolic link or not a directory on the host; "
+                            "refusing to follow it"
+                        ) from exc
+                    raise EffectFailed(f"failed: cannot open {where}: {exc.strerror}") from exc
+                os.close(fd)
+                fd = nxt
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
