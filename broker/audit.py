@@ -8,6 +8,7 @@ the ledger's queue (see ledger.py), each exactly once, in ledger order.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.errors import AuditError
+from broker.ledger import Ledger
 from broker.models import canonical, sha256_hex
 
 GENESIS = "0" * 64
@@ -39,7 +41,12 @@ class AuditLog:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.last_seq, self.head = self._recover_tail()
+        self._lock_path = path.with_name(path.name + ".lock")
+        with self._locked():
+            self.last_seq, self.head = self._recover_tail()
+
+    def _locked(self) -> _Flock:
+        return _Flock(self._lock_path)
 
     def _recover_tail(self) -> tuple[int, str]:
         """Drop a torn last line (a crash mid-write), then read the chain's head."""
@@ -47,17 +54,22 @@ class AuditLog:
             return 0, GENESIS
         with self.path.open("rb+") as f:
             size = f.seek(0, os.SEEK_END)
-            if size == 0:
-                return 0, GENESIS
-            start = max(0, size - (1 << 16))
-            f.seek(start)
-            tail = f.read()
-            if not tail.endswith(b"\n"):
-                cut = tail.rfind(b"\n")
-                f.truncate(start + cut + 1 if cut >= 0 else 0)
+            span = 4096
+            while True:
+                if size == 0:
+                    return 0, GENESIS
+                start = max(0, size - span)
                 f.seek(start)
                 tail = f.read()
-            lines = tail.rstrip(b"\n").split(b"\n")
+                if not tail.endswith(b"\n"):
+                    cut = tail.rfind(b"\n")
+                    size = start + cut + 1 if cut >= 0 else start
+                    f.truncate(size)
+                    continue
+                lines = tail.rstrip(b"\n").split(b"\n")
+                if len(lines) >= 2 or start == 0:
+                    break
+                span *= 4
             if not lines or not lines[-1]:
                 return 0, GENESIS
             try:
@@ -67,7 +79,16 @@ class AuditLog:
                 raise AuditError(f"{self.path}: the last line is not an audit event") from exc
 
     def append(self, events: list[tuple[int, dict[str, Any]]]) -> int:
-        """Append queued events not yet in the log; fsync once; return the last seq."""
+        """Append queued events not yet in the log; fsync once; return the last seq.
+
+        Several processes may append (the broker, a CLI decision): under a lock, the
+        head is read again so the chain never forks.
+        """
+        with self._locked():
+            self.last_seq, self.head = self._recover_tail()
+            return self._append(events)
+
+    def _append(self, events: list[tuple[int, dict[str, Any]]]) -> int:
         lines: list[bytes] = []
         head, last = self.head, self.last_seq
         for seq, event in events:
@@ -93,6 +114,30 @@ class AuditLog:
             raise AuditError(f"{self.path}: cannot append: {exc.strerror}") from exc
         self.head, self.last_seq = head, last
         return last
+
+
+class _Flock:
+    """An exclusive lock on a side file, released on exit."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._fd = -1
+
+    def __enter__(self) -> None:
+        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self._fd)
+
+
+def flush(ledger: Ledger, log: AuditLog) -> None:
+    """Append the ledger's queued events to the log and forget them (for CLI surfaces)."""
+    backlog = ledger.audit_backlog()
+    if backlog:
+        last = log.append(backlog)
+        with ledger.transaction():
+            ledger.drop_audit(last, log.head)
 
 
 def read_events(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, str]]:

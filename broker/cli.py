@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from datetime import UTC
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -21,7 +21,10 @@ from broker.config import Config, load_config
 from broker.errors import BrokerError
 from broker.policy import Policy, load_policy
 from broker.registry import Registry, default_registry
-from broker.render import terminal
+
+if TYPE_CHECKING:
+    from broker.ledger import Ledger
+from broker.render import neutralize, terminal
 
 app = typer.Typer(
     help="Sandbox-outbox effect broker: agents ask, policy and people decide, the host acts.",
@@ -111,6 +114,7 @@ def serve(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Watch outboxes and answer every request until stopped (Ctrl-C)."""
+    from broker.notify import Notifier, webhooks_from
     from broker.outbox import attach
     from broker.pipeline import Broker
 
@@ -125,6 +129,9 @@ def serve(
             broker.add(attach(sandbox, outbox, results, cfg.state_dir))
         if root is not None or outbox is None:
             broker.serve_root((root or cfg.state_dir) / "sandboxes")
+        hooks = webhooks_from(cfg.notify)
+        if hooks:
+            broker.notify_with(Notifier(hooks, inbox_url=cfg.notify.get("inbox_url")))
         return broker
 
     broker = guarded(start)
@@ -306,6 +313,258 @@ def audit_export(
     for _, event, _raw in audit_mod.read_events(path):
         if event is not None and (cutoff is None or str(event.get("at", "")) >= cutoff):
             sys.stdout.write(json.dumps(event, ensure_ascii=False) + "\n")
+
+
+def _ledger(cfg: Config) -> Ledger:
+    from broker.ledger import Ledger
+
+    if not cfg.ledger_path.exists():
+        fail(f"no ledger at {cfg.ledger_path}: has a broker run with this state dir?")
+    return guarded(lambda: Ledger(cfg.ledger_path))
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = max(0, int(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
+
+
+@app.command()
+def pending(json_out: JsonOpt = False, config: ConfigOpt = None, state: StateOpt = None) -> None:
+    """What waits for a person, oldest first."""
+    from broker.approval import card
+    from broker.models import now, parse_iso
+
+    cfg = guarded(lambda: load_config(config, state_dir=state))
+    ledger = _ledger(cfg)
+    rows = []
+    for record in ledger.in_states(["pending"]):
+        c = card(ledger, record)
+        received = parse_iso(record.received_at)
+        c["age_s"] = round((now() - received).total_seconds(), 1) if received else None
+        rows.append(c)
+    if json_out:
+        out.print_json(json.dumps(rows))
+        return
+    if not rows:
+        out.print("nothing waits for a decision")
+        return
+    table = Table("ref", "effect", "what", "age", "time left", "then", "approvals")
+    for c in rows:
+        left = c["if_nobody_answers"]["seconds_left"]
+        table.add_row(
+            terminal(c["ref"]),
+            terminal(c["effect"] or "-"),
+            terminal(c["what"]["title"])[:80],
+            _age(c["age_s"]),
+            _age(left),
+            c["if_nobody_answers"]["on_timeout"] or "-",
+            f"{len(c['approvals']['have'])}/{c['approvals']['needed']}",
+        )
+    out.print(table)
+
+
+def print_card(c: dict[str, Any]) -> None:
+    """The approval card, readable in five seconds; every untrusted string neutralised."""
+    from rich.panel import Panel
+    from rich.syntax import Syntax
+
+    what = c["what"]
+    out.rule(f"[bold]{terminal(c['ref'])}[/]  {terminal(c['effect'] or '')}  [{c['status']}]")
+    out.print(f"[bold]WHAT[/]   {terminal(what['title'])}")
+    out.print(f"[bold]WHERE[/]  {terminal(c['where'] or '')}")
+    for key, value in what["facts"]:
+        out.print(f"         {terminal(str(key))}: {terminal(str(value))}")
+    body = neutralize(what["body"] or "", keep_newlines=True)
+    if body:
+        lexer = {"diff": "diff", "json": "json"}.get(what["body_kind"], "text")
+        out.print(
+            Panel(Syntax(body, lexer, word_wrap=True, theme="ansi_dark"), title="exact content")
+        )
+    why = c["why"]
+    out.print(
+        f"[bold]WHY IT STOPPED[/]  {terminal(str(why['rule']))}: {terminal(str(why['reason']))}"
+    )
+    t = c["if_nobody_answers"]
+    then = {"deny": "it is denied (fails closed)", "approve": "it is applied"}.get(
+        t["on_timeout"] or "", "-"
+    )
+    if c["status"] == "pending":
+        left = _age(t["seconds_left"])
+        out.print(f"[bold]IF NOBODY ANSWERS[/]  by {t['expires_at']} (in {left}), {then}")
+    if c["agent_reason"]:
+        said = terminal(c["agent_reason"])
+        out.print(f"[bold]THE AGENT SAYS[/] [dim](its words, not verified)[/]: {said}")
+    flags = f"reversible: {_yn(c['reversible'])}, idempotent: {_yn(c['idempotent'])}"
+    out.print(f"[bold]FLAGS[/]  {flags}; undo: {terminal(c['undo'] or '-')}")
+    ap = c["approvals"]
+    have = ", ".join(ap["have"]) or "none yet"
+    out.print(f"[bold]APPROVALS[/]  {len(ap['have'])} of {ap['needed']} ({terminal(have)})")
+    if c["status"] != "pending":
+        out.print(f"[bold]OUTCOME[/]  {terminal(c['reason'] or '')}")
+    out.print(f"[dim]request sha256 {c['request_sha256']}[/]")
+
+
+def _yn(flag: bool | None) -> str:
+    return "?" if flag is None else ("yes" if flag else "no")
+
+
+RefArg = Annotated[str, typer.Argument(help="the request's id, or SANDBOX/ID")]
+
+
+@app.command()
+def show(
+    ref: RefArg, json_out: JsonOpt = False, config: ConfigOpt = None, state: StateOpt = None
+) -> None:
+    """The approval card of one request: what, where, why it stopped, what happens next."""
+    from broker.approval import card
+
+    cfg = guarded(lambda: load_config(config, state_dir=state))
+    ledger = _ledger(cfg)
+    record = guarded(lambda: ledger.find(ref))
+    registry = guarded(default_registry)
+    c = card(ledger, record, registry)
+    if json_out:
+        out.print_json(json.dumps(c))
+        return
+    print_card(c)
+
+
+def _identity(as_: str | None, cfg: Config) -> str:
+    import getpass
+
+    if as_ is not None:
+        if not cfg.allow_as:
+            fail("--as is not allowed on this host (set allow_as = true under [broker])")
+        return as_
+    return getpass.getuser()
+
+
+def _decide(
+    ref: str,
+    verdict: str,
+    reason: str | None,
+    as_: str | None,
+    sha256: str | None,
+    config: Path | None,
+    state: Path | None,
+) -> None:
+    from broker.approval import decide, nudge
+    from broker.audit import AuditLog, flush
+
+    cfg = guarded(lambda: load_config(config, state_dir=state))
+    ledger = _ledger(cfg)
+    who = _identity(as_, cfg)
+    result = guarded(
+        lambda: decide(
+            ledger, ref, verdict, approver=who, reason=reason, surface="cli", sha256=sha256
+        )
+    )
+    guarded(lambda: flush(ledger, AuditLog(cfg.audit_path)))
+    nudge(cfg.state_dir)
+    ref_text = terminal(f"{result.record.sandbox}/{result.record.id}")
+    if not result.settled:
+        out.print(
+            f"{ref_text}: approval {result.approvals} of {result.needed} recorded; waiting for more"
+        )
+    elif verdict == "approve":
+        by = terminal(str(result.record.decided_by))
+        out.print(f"{ref_text}: approved by {by}; the broker applies it")
+    else:
+        out.print(f"{ref_text}: denied; the agent reads: {terminal(str(result.record.reason))}")
+
+
+ShaOpt = Annotated[
+    str | None, typer.Option("--sha256", help="the request sha256 you saw (at least 12 hex digits)")
+]
+AsOpt = Annotated[str | None, typer.Option("--as", help="decide as this name (if allow_as)")]
+
+
+@app.command()
+def approve(
+    ref: RefArg,
+    reason: Annotated[str | None, typer.Option(help="why; shown to the agent")] = None,
+    as_: AsOpt = None,
+    sha256: ShaOpt = None,
+    config: ConfigOpt = None,
+    state: StateOpt = None,
+) -> None:
+    """Approve a pending request (one of its approvals, under a quorum rule)."""
+    _decide(ref, "approve", reason, as_, sha256, config, state)
+
+
+@app.command()
+def deny(
+    ref: RefArg,
+    reason: Annotated[str, typer.Option(help="why, and what to do instead: the agent reads it")],
+    as_: AsOpt = None,
+    sha256: ShaOpt = None,
+    config: ConfigOpt = None,
+    state: StateOpt = None,
+) -> None:
+    """Deny a pending request; the reason goes back to the agent."""
+    _decide(ref, "deny", reason, as_, sha256, config, state)
+
+
+@app.command()
+def stats(
+    json_out: JsonOpt = False,
+    since: Annotated[
+        str | None, typer.Option(help="only requests received in this window, e.g. 7d")
+    ] = None,
+    config: ConfigOpt = None,
+    state: StateOpt = None,
+) -> None:
+    """Outcomes per effect, approval rate and time to decision; flags rubber-stamping."""
+    from datetime import timedelta
+
+    from broker.models import now
+    from broker.policy import parse_duration
+    from broker.stats import summarize
+
+    cfg = guarded(lambda: load_config(config, state_dir=state))
+    cutoff = None
+    if since:
+        try:
+            cutoff = now() - timedelta(seconds=parse_duration(since))
+        except ValueError:
+            fail(f"--since {since!r}: expected a duration like 24h or 7d")
+    ledger = _ledger(cfg)
+    summary = summarize(ledger.all(), cutoff)
+    if json_out:
+        out.print_json(json.dumps(summary))
+        return
+    table = Table(
+        "effect",
+        "auto",
+        "approved",
+        "denied",
+        "expired",
+        "invalid",
+        "failed",
+        "approval rate",
+        "median wait",
+        "p90 wait",
+    )
+    for name, row in [*summary["effects"].items(), ("(all)", summary["overall"])]:
+        n = row["counts"]
+        rate = row["approval_rate"]
+        table.add_row(
+            terminal(name),
+            *(str(n[k]) for k in ("auto", "approved", "denied", "expired", "invalid", "failed")),
+            "-" if rate is None else f"{rate:.0%}",
+            _age(row["median_time_to_decision_s"]),
+            _age(row["p90_time_to_decision_s"]),
+        )
+    out.print(table)
+    for name, row in summary["effects"].items():
+        if row["rubber_stamp"]:
+            out.print(f"[yellow]⚠ {terminal(name)}[/]: {row['advice']}")
 
 
 def main() -> None:

@@ -51,6 +51,9 @@ class Config:
     limits: Limits = field(default_factory=Limits)
     integrations: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     sandbox: Mapping[str, Any] = field(default_factory=dict)
+    notify: Mapping[str, Any] = field(default_factory=dict)
+    web: Mapping[str, Any] = field(default_factory=dict)
+    approvers: Mapping[str, Any] = field(default_factory=dict)
     rescan_interval_s: float = 30.0
     allow_as: bool = False
     source: Path | None = None
@@ -207,6 +210,9 @@ def load_config(
         limits=limits,
         integrations=integrations,
         sandbox=data.get("sandbox", {}),
+        notify=data.get("notify", {}),
+        web=data.get("web", {}),
+        approvers=data.get("approvers", {}),
         rescan_interval_s=_duration(section.get("rescan_interval", "30s"), "rescan_interval"),
         allow_as=bool(section.get("allow_as", False)),
         source=path,

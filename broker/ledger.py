@@ -383,10 +383,12 @@ class Ledger:
     def drop_audit(self, upto: int, head: str) -> None:
         """Forget events the log holds, and remember the log's head for `verify`."""
         self._exec("DELETE FROM audit_queue WHERE seq <= ?", (upto,))
-        self._exec(
-            "INSERT OR REPLACE INTO meta (key, value) VALUES ('audit_head', ?)",
-            (_dump([upto, head]),),
-        )
+        known = self.audit_head()
+        if known is None or known[0] < upto:
+            self._exec(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('audit_head', ?)",
+                (_dump([upto, head]),),
+            )
 
     def audit_head(self) -> tuple[int, str] | None:
         row = self._exec("SELECT value FROM meta WHERE key = 'audit_head'").fetchone()

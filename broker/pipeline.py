@@ -31,6 +31,7 @@ from broker.errors import EffectFailed, Outcome, Rejected
 from broker.intake import Kind
 from broker.ledger import Ledger, Record
 from broker.models import Request, iso, now, parse_iso
+from broker.notify import Notifier
 from broker.outbox import Outbox, Watcher, discover, from_layout
 from broker.policy import Policy
 from broker.registry import Registry
@@ -92,6 +93,19 @@ class Broker:
         self._claim_counter = 0
         self._bad_names: set[tuple[str, str]] = set()
         self.on_change: list[Callable[[Record], None]] = []
+        self.notifier: Notifier | None = None
+
+    def notify_with(self, notifier: Notifier) -> None:
+        """Tell people through `notifier` whenever a request starts waiting."""
+        from broker.approval import card
+
+        self.notifier = notifier
+
+        def on_pending(record: Record) -> None:
+            if record.state == "pending":
+                notifier.pending(card(self.ledger, record, self.registry))
+
+        self.on_change.append(on_pending)
 
     # -- what is served ---------------------------------------------------------
 
@@ -175,6 +189,8 @@ class Broker:
         self.step(self._take(0))
         for box in self.outboxes.values():
             box.close()
+        if self.notifier is not None:
+            self.notifier.close()
         self.ledger.close()
 
     def _take(self, timeout: float) -> list[tuple[Any, ...]]:

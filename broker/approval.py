@@ -1,0 +1,203 @@
+"""Decisions by people: approve or deny a pending request, with quorum.
+
+A decision names who decided, through which surface, the verdict, the reason, and the
+sha256 of the request the decider saw; a decision for any other sha256 is refused.
+Decisions are written to the ledger by whichever host-side surface took them (CLI,
+terminal prompt, web); the serving broker is nudged and applies what was approved.
+The sandbox has no way in: nothing here reads the outbox.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from broker.errors import DecisionError
+from broker.ledger import Decision, Ledger, Record
+from broker.models import iso, now, parse_iso
+from broker.registry import Registry
+
+VERDICTS = ("approve", "deny")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a decision did: the request as it now stands, and whether it is settled."""
+
+    record: Record
+    settled: bool
+    approvals: int
+    needed: int
+
+
+def needed(record: Record) -> int:
+    return int((record.verdict or {}).get("approvals", 1))
+
+
+def approvers(ledger: Ledger, record: Record) -> list[str]:
+    return [d.approver for d in ledger.decisions(*record.key) if d.verdict == "approve"]
+
+
+def decide(
+    ledger: Ledger,
+    ref: str,
+    verdict: str,
+    *,
+    approver: str,
+    reason: str | None,
+    surface: str,
+    sha256: str | None,
+) -> Outcome:
+    """Record one person's verdict on a pending request; settle it when quorum is met.
+
+    `sha256` is what the decider saw (a prefix of at least 12 hex digits is accepted
+    from a terminal); None means "the request as recorded", for surfaces that show it.
+    """
+    if verdict not in VERDICTS:
+        raise DecisionError(f"verdict must be approve or deny, not {verdict!r}")
+    if verdict == "deny" and not (reason and reason.strip()):
+        raise DecisionError("a denial needs a reason: it goes back to the agent")
+    if not approver.strip():
+        raise DecisionError("a decision needs the name of the person who took it")
+    with ledger.transaction():
+        record = ledger.find(ref)
+        if record.state != "pending":
+            raise DecisionError(
+                f"{record.sandbox}/{record.id} is not waiting for a decision (it is {record.state})"
+            )
+        if sha256 is not None and not _same_sha(sha256, record.sha256 or ""):
+            raise DecisionError(
+                f"{record.sandbox}/{record.id}: the decision is for request {sha256[:12]}…, "
+                f"but the request is {str(record.sha256)[:12]}…; look at it again"
+            )
+        previous = ledger.decisions(*record.key)
+        if any(d.approver == approver for d in previous):
+            raise DecisionError(
+                f"{approver} has already decided on {record.sandbox}/{record.id}; "
+                "a quorum needs different people"
+            )
+        stamp = iso(now())
+        assert stamp is not None
+        decision = Decision(
+            record.sandbox,
+            record.id,
+            approver,
+            verdict,
+            reason,
+            surface,
+            record.sha256 or "",
+            stamp,
+        )
+        ledger.add_decision(decision)
+        ledger.queue_audit(
+            _event(
+                "decision",
+                record,
+                stamp,
+                by=approver,
+                verdict=verdict,
+                reason=reason,
+                surface=surface,
+            )
+        )
+        have = [d.approver for d in previous if d.verdict == "approve"]
+        need = needed(record)
+        if verdict == "deny":
+            record = ledger.update(
+                record,
+                state="denied",
+                decided_by=approver,
+                decided_at=stamp,
+                completed_at=stamp,
+                reason=f"denied by {approver}: {reason}",
+            )
+            ledger.queue_audit(_event("denied", record, stamp, by=approver, reason=record.reason))
+            return Outcome(record, True, len(have), need)
+        have.append(approver)
+        if len(have) < need:
+            return Outcome(record, False, len(have), need)
+        said = [
+            f"{d.approver}: {d.reason}" if d.reason else d.approver
+            for d in [*previous, decision]
+            if d.verdict == "approve"
+        ]
+        record = ledger.update(
+            record,
+            state="approved",
+            decided_by=", ".join(have),
+            decided_at=stamp,
+            reason="approved by " + "; ".join(said),
+        )
+        ledger.queue_audit(_event("decided", record, stamp, action="approve", by=", ".join(have)))
+    return Outcome(record, True, len(have), need)
+
+
+def _same_sha(seen: str, actual: str) -> bool:
+    seen = seen.strip().lower()
+    return len(seen) >= 12 and actual.startswith(seen)
+
+
+def _event(event: str, record: Record, at: str, **extra: object) -> dict[str, object]:
+    entry: dict[str, object] = {
+        "at": at,
+        "event": event,
+        "sandbox": record.sandbox,
+        "id": record.id,
+        "effect": record.effect,
+        "sha256": record.sha256,
+    }
+    entry.update({k: v for k, v in extra.items() if v is not None})
+    return entry
+
+
+def nudge(state_dir: Path) -> None:
+    """Wake a serving broker: it reloads decisions from the ledger."""
+    control = state_dir / "control"
+    try:
+        control.mkdir(parents=True, exist_ok=True)
+        fd = os.open(control / "nudge", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+    except OSError:
+        pass  # the broker's periodic reload picks the decision up anyway
+
+
+def card(ledger: Ledger, record: Record, registry: Registry | None = None) -> dict[str, Any]:
+    """Everything a person needs to decide, from the ledger: the same for CLI and web."""
+    verdict = record.verdict or {}
+    preview = record.preview or {}
+    effect = record.effect or ""
+    handler = registry.get(effect) if registry and effect in registry else None
+    expires = parse_iso(record.expires_at)
+    left = (expires - now()).total_seconds() if expires else None
+    return {
+        "sandbox": record.sandbox,
+        "id": record.id,
+        "ref": f"{record.sandbox}/{record.id}",
+        "effect": record.effect,
+        "status": record.state,
+        "request_sha256": record.sha256,
+        "received_at": record.received_at,
+        "what": {
+            "title": preview.get("title", ""),
+            "body": preview.get("body", ""),
+            "body_kind": preview.get("body_kind", "text"),
+            "facts": preview.get("facts", []),
+        },
+        "where": preview.get("target", record.effect),
+        "why": {"rule": verdict.get("rule"), "reason": verdict.get("reason")},
+        "if_nobody_answers": {
+            "expires_at": record.expires_at,
+            "seconds_left": None if left is None else max(0.0, round(left, 1)),
+            "on_timeout": record.on_timeout,
+        },
+        "agent_reason": record.envelope.get("reason"),
+        "reversible": record.reversible,
+        "idempotent": handler.idempotent if handler else None,
+        "undo": handler.undo if handler else None,
+        "approvals": {"have": approvers(ledger, record), "needed": needed(record)},
+        "decided_by": record.decided_by,
+        "reason": record.reason,
+    }

@@ -1,0 +1,153 @@
+"""A Python API for host-side integrations: wait for, or submit, a decision.
+
+    from broker import client
+    outcome = await client.decision("3f6c…", timeout=600)      # waits, no file polling
+    client.decide_sync("3f6c…", "approve", approver="chatbot:alice", reason="ok")
+
+An AutoGen `approval_func` or a chat bot uses this instead of reading result files.
+Waiting wakes on the ledger's own writes (its WAL file), not on a timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+
+from broker.approval import decide as _decide
+from broker.approval import nudge
+from broker.audit import AuditLog, flush
+from broker.config import Config, load_config
+from broker.ledger import Ledger, Record
+
+UNDECIDED = ("received", "pending")
+
+
+@dataclass(frozen=True)
+class DecisionInfo:
+    """Where a request stands once decided: the status and who said so, and why."""
+
+    ref: str
+    status: str  # approved | applying | applied | denied | expired | invalid | failed | unknown
+    decided_by: str | None
+    reason: str | None
+
+    @property
+    def approved(self) -> bool:
+        return self.status in ("approved", "applying", "applied", "failed", "unknown") and (
+            self.decided_by is not None
+        )
+
+
+def _info(record: Record) -> DecisionInfo:
+    return DecisionInfo(
+        f"{record.sandbox}/{record.id}", record.state, record.decided_by, record.reason
+    )
+
+
+def _config(config: Config | None, state_dir: Path | None) -> Config:
+    return config or load_config(state_dir=state_dir)
+
+
+async def decision(
+    ref: str,
+    *,
+    timeout: float | None = None,
+    config: Config | None = None,
+    state_dir: Path | None = None,
+) -> DecisionInfo:
+    """Wait until the request is decided (by a person, the policy or its deadline)."""
+    from watchfiles import awatch
+
+    cfg = _config(config, state_dir)
+    ledger = Ledger(cfg.ledger_path)
+    stop = asyncio.Event()
+
+    def current() -> Record:
+        return ledger.find(ref)
+
+    async def wait() -> DecisionInfo:
+        record = current()
+        if record.state not in UNDECIDED:
+            return _info(record)
+        wal = {str(cfg.ledger_path) + "-wal", str(cfg.ledger_path)}
+        async for _ in awatch(
+            cfg.state_dir,
+            watch_filter=lambda _c, path: path in wal,
+            stop_event=stop,
+            recursive=False,
+            rust_timeout=1000,
+            yield_on_timeout=True,
+            debounce=20,
+            step=5,
+        ):
+            record = current()
+            if record.state not in UNDECIDED:
+                return _info(record)
+        raise asyncio.CancelledError
+
+    try:
+        return await asyncio.wait_for(wait(), timeout)
+    finally:
+        stop.set()
+        ledger.close()
+
+
+def decision_sync(
+    ref: str,
+    *,
+    timeout: float | None = None,
+    config: Config | None = None,
+    state_dir: Path | None = None,
+) -> DecisionInfo:
+    """`decision`, for code that is not async (raises TimeoutError on timeout)."""
+    return asyncio.run(decision(ref, timeout=timeout, config=config, state_dir=state_dir))
+
+
+async def decide(
+    ref: str,
+    verdict: str,
+    *,
+    approver: str,
+    reason: str | None = None,
+    sha256: str | None = None,
+    surface: str = "api",
+    config: Config | None = None,
+    state_dir: Path | None = None,
+) -> DecisionInfo:
+    """Record a host-side decision (approve | deny) and wake the broker."""
+    return await asyncio.to_thread(
+        decide_sync,
+        ref,
+        verdict,
+        approver=approver,
+        reason=reason,
+        sha256=sha256,
+        surface=surface,
+        config=config,
+        state_dir=state_dir,
+    )
+
+
+def decide_sync(
+    ref: str,
+    verdict: str,
+    *,
+    approver: str,
+    reason: str | None = None,
+    sha256: str | None = None,
+    surface: str = "api",
+    config: Config | None = None,
+    state_dir: Path | None = None,
+) -> DecisionInfo:
+    cfg = _config(config, state_dir)
+    ledger = Ledger(cfg.ledger_path)
+    try:
+        outcome = _decide(
+            ledger, ref, verdict, approver=approver, reason=reason, surface=surface, sha256=sha256
+        )
+        flush(ledger, AuditLog(cfg.audit_path))
+    finally:
+        ledger.close()
+    nudge(cfg.state_dir)
+    return _info(outcome.record)
