@@ -23,7 +23,7 @@ from broker.policy import Policy, load_policy
 from broker.registry import Registry, default_registry
 
 if TYPE_CHECKING:
-    from broker.ledger import Ledger
+    from broker.ledger import Ledger, Record
 from broker.render import neutralize, terminal
 
 app = typer.Typer(
@@ -32,9 +32,13 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+image_app = typer.Typer(help="Build the sandbox image.", no_args_is_help=True)
+sandbox_app = typer.Typer(help="List and remove sandbox containers.", no_args_is_help=True)
 policy_app = typer.Typer(help="Check and explain policy files.", no_args_is_help=True)
 audit_app = typer.Typer(help="Read and verify the audit log.", no_args_is_help=True)
 app.add_typer(policy_app, name="policy")
+app.add_typer(image_app, name="image")
+app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(audit_app, name="audit")
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -88,11 +92,13 @@ def _logging(verbose: bool) -> None:
     logging.getLogger("watchfiles").setLevel(logging.WARNING)
 
 
-def _stop_on_signals() -> threading.Event:
+def _stop_on_signals(*on_stop: Callable[[], None]) -> threading.Event:
     stop = threading.Event()
 
     def handler(signum: int, frame: Any) -> None:
         stop.set()
+        for hook in on_stop:
+            hook()
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
@@ -135,7 +141,7 @@ def serve(
         return broker
 
     broker = guarded(start)
-    stop = _stop_on_signals()
+    stop = _stop_on_signals(broker.wake)
     served = ", ".join(sorted(broker.outboxes)) or "none yet"
     err.print(
         f"broker: serving sandboxes: {terminal(served)}; state in {cfg.state_dir}; Ctrl-C stops"
@@ -565,6 +571,182 @@ def stats(
     for name, row in summary["effects"].items():
         if row["rubber_stamp"]:
             out.print(f"[yellow]⚠ {terminal(name)}[/]: {row['advice']}")
+
+
+class Prompt:
+    """Asks the person at the terminal about each gated request, one at a time, on its
+    own thread: the broker keeps serving meanwhile; unanswered requests wait for other
+    surfaces (`broker approve`, the inbox) or their deadline."""
+
+    def __init__(self, cfg: Config, registry: Registry) -> None:
+        import queue
+
+        self.cfg = cfg
+        self.registry = registry
+        self.queue: queue.Queue[Record] = queue.Queue()
+        threading.Thread(target=self._run, name="broker-prompt", daemon=True).start()
+
+    def __call__(self, record: Record) -> None:
+        self.queue.put(record)
+
+    def _run(self) -> None:
+        from broker.approval import card, decide, nudge
+        from broker.audit import AuditLog, flush
+        from broker.ledger import Ledger
+
+        ledger = Ledger(self.cfg.ledger_path)
+        asked: set[tuple[str, str]] = set()
+        while True:
+            record = self.queue.get()
+            if record.key in asked:
+                continue
+            asked.add(record.key)
+            current = ledger.get(*record.key)
+            if current is None or current.state != "pending":
+                continue
+            print_card(card(ledger, current, self.registry))
+            try:
+                answer = input("approve? [a]pprove, [d]eny, [s]kip (decide elsewhere): ")
+            except EOFError:
+                return
+            verdict = {"a": "approve", "d": "deny"}.get(answer.strip().lower()[:1])
+            if verdict is None:
+                out.print("skipped: it waits for `broker approve`/`broker deny` or its deadline")
+                continue
+            reason = input("reason (the agent reads it): ").strip() or None
+            try:
+                decide(
+                    ledger,
+                    f"{current.sandbox}/{current.id}",
+                    verdict,
+                    approver=_identity(None, self.cfg),
+                    reason=reason,
+                    surface="prompt",
+                    sha256=current.sha256,
+                )
+                flush(ledger, AuditLog(self.cfg.audit_path))
+                nudge(self.cfg.state_dir)
+                out.print(f"{verdict}d" if verdict == "approve" else "denied")
+            except BrokerError as exc:
+                out.print(f"[red]not recorded:[/] {terminal(str(exc))}")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def run(
+    ctx: typer.Context,
+    image: Annotated[str | None, typer.Option(help="the agent image (default: built-in)")] = None,
+    name: Annotated[str | None, typer.Option(help="the sandbox id (default: random)")] = None,
+    workspace: Annotated[
+        Path | None, typer.Option(help="a directory mounted read-write at /workspace")
+    ] = None,
+    detach: Annotated[bool, typer.Option(help="start and leave it to `broker serve`")] = False,
+    config: ConfigOpt = None,
+    state: StateOpt = None,
+    policy: PolicyOpt = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Run CMD in a new sandbox and serve its outbox until it exits: broker run -- CMD ARGS."""
+    from broker.runner import RunOptions
+    from broker.runner import run as run_sandbox
+
+    command = list(ctx.args)
+    if not command:
+        fail("give the command to run after --, e.g. broker run -- python3 agent.py")
+    _logging(verbose)
+    logging.getLogger().setLevel(logging.DEBUG if verbose else logging.WARNING)
+    cfg, registry, pol = assemble(config, state, policy)
+    if workspace is not None and not workspace.is_dir():
+        fail(f"--workspace {workspace}: not a directory")
+    prompt = Prompt(cfg, registry) if sys.stdin.isatty() and not detach else None
+    options = RunOptions(
+        command=command,
+        image=image,
+        name=name,
+        workspace=workspace.absolute() if workspace else None,
+        detach=detach,
+        on_pending=prompt,
+        say=lambda text: err.print(terminal(text), highlight=False),
+    )
+    stop_requested = threading.Event()
+
+    def interrupted(signum: int, frame: Any) -> None:
+        stop_requested.set()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
+    try:
+        code = guarded(lambda: run_sandbox(cfg, registry, pol, options))
+    except KeyboardInterrupt:
+        err.print("interrupted: the sandbox was removed")
+        raise typer.Exit(130) from None
+    raise typer.Exit(code)
+
+
+@image_app.command("build")
+def image_build(
+    tag: Annotated[str | None, typer.Option(help="the image tag")] = None,
+    force: Annotated[bool, typer.Option(help="rebuild even if it is current")] = False,
+) -> None:
+    """Build the agent image (from python:3.12-slim, or from Debian packages offline)."""
+    from broker import sandbox
+
+    def build() -> str:
+        return sandbox.ensure_image(
+            sandbox.engine(), tag or sandbox.DEFAULT_IMAGE, force=force, log=err.print
+        )
+
+    out.print(f"image ready: {guarded(build)}")
+
+
+@sandbox_app.command("ls")
+def sandbox_ls(json_out: JsonOpt = False) -> None:
+    """Sandbox containers on this engine (left behind by a crash, or detached)."""
+    from broker import sandbox
+
+    def listing() -> list[dict[str, str]]:
+        return [
+            {
+                "sandbox": c.labels.get(sandbox.LABEL, "?"),
+                "container": c.short_id,
+                "name": str(c.name),
+                "status": c.status,
+            }
+            for c in sandbox.leftovers(sandbox.engine())
+        ]
+
+    rows = guarded(listing)
+    if json_out:
+        out.print_json(json.dumps(rows))
+        return
+    if not rows:
+        out.print("no sandbox containers")
+        return
+    table = Table("sandbox", "container", "name", "status")
+    for row in rows:
+        table.add_row(*(terminal(row[k]) for k in ("sandbox", "container", "name", "status")))
+    out.print(table)
+
+
+@sandbox_app.command("rm")
+def sandbox_rm(
+    ids: Annotated[list[str] | None, typer.Argument(help="sandbox ids (default: none)")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="remove every sandbox container")] = False,
+) -> None:
+    """Remove sandbox containers (their ledger history and results are kept)."""
+    from broker import sandbox
+
+    if not ids and not all_:
+        fail("name the sandbox ids to remove, or --all")
+
+    def remove() -> int:
+        count = 0
+        for c in sandbox.leftovers(sandbox.engine()):
+            if all_ or c.labels.get(sandbox.LABEL) in (ids or []):
+                sandbox.remove(c)
+                count += 1
+        return count
+
+    out.print(f"removed {guarded(remove)} container(s)")
 
 
 def main() -> None:

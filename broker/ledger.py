@@ -320,6 +320,13 @@ class Ledger:
         ).fetchone()
         return int(row[0])
 
+    def counts(self, sandbox: str) -> dict[str, int]:
+        """Requests of one sandbox by state."""
+        rows = self._exec(
+            "SELECT state, COUNT(*) FROM requests WHERE sandbox = ? GROUP BY state", (sandbox,)
+        ).fetchall()
+        return {str(r[0]): int(r[1]) for r in rows}
+
     def recent(self, limit: int = 50) -> list[Record]:
         rows = self._exec("SELECT * FROM requests ORDER BY seq DESC LIMIT ?", (limit,)).fetchall()
         return [_row_to_record(r) for r in rows]

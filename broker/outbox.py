@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import stat
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -98,11 +99,72 @@ def discover(sandboxes_dir: Path) -> list[str]:
 
 
 class Watcher:
-    """One thread watching many directories with watchfiles; restarts on error.
+    """One watcher for every outbox: raw inotify on Linux, else watchfiles.
 
-    Puts ("file", dir, name) for each added or changed entry and ("dirs",) when a
-    watched parent (the sandboxes root, the control dir) changes.
+    Puts ("file", dir, name) for each entry worth reading, ("dirs",) when a watched
+    parent (the sandboxes root, the control dir) changes, and ("rescan",) when
+    events may have been lost. `sync` returns once the watches are in place.
     """
+
+    def __init__(self, events: queue.Queue[tuple[Any, ...]]) -> None:
+        from broker import inotify
+
+        self._events = events
+        self._parents: set[str] = set()
+        self._native: inotify.Inotify | None = None
+        self._fallback: _WatchfilesWatcher | None = None
+        if inotify.available():
+            self._native = inotify.Inotify(self._sink)
+        else:
+            self._fallback = _WatchfilesWatcher(events)
+
+    def sync(self, dirs: Iterable[Path], parents: Iterable[Path] = ()) -> None:
+        dirs, parents = list(dirs), list(parents)
+        self._parents = {str(p) for p in parents}
+        if self._fallback is not None:
+            self._fallback.watch(dirs, parents)
+            return
+        assert self._native is not None
+        wanted = {str(d) for d in dirs} | self._parents
+        for gone in self._native.watched() - wanted:
+            self._native.remove(Path(gone))
+        for folder in [*parents, *dirs]:
+            try:
+                self._native.add(folder)
+            except OSError as exc:  # a sandbox dir removed meanwhile: the rescan settles it
+                log.warning("%s", exc)
+
+    def stop(self) -> None:
+        if self._native is not None:
+            self._native.close()
+        if self._fallback is not None:
+            self._fallback.stop()
+
+    def _sink(self, folder: str, name: str, mask: int) -> None:
+        from broker import inotify
+
+        if not folder:
+            self._events.put(("rescan",))
+        elif folder in self._parents:
+            self._events.put(("dirs",))
+        elif name.startswith(".") or name.endswith(".tmp"):
+            return  # a temporary name: its rename into place is the event that counts
+        elif mask & inotify.IN_CREATE and not mask & inotify.IN_ISDIR:
+            # a regular file just created is still being written: wait for its close;
+            # anything else (a link, FIFO, socket) has no close to wait for
+            try:
+                st = os.lstat(os.path.join(folder, name))
+            except OSError:
+                return
+            if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+                return
+            self._events.put(("file", folder, name))
+        else:
+            self._events.put(("file", folder, name))
+
+
+class _WatchfilesWatcher:
+    """The portable path: watchfiles in a thread, restarted on error or new paths."""
 
     def __init__(self, events: queue.Queue[tuple[Any, ...]], step_ms: int = 2) -> None:
         self._events = events

@@ -135,7 +135,7 @@ class Broker:
 
     def _rewatch(self) -> None:
         if self._watcher is not None:
-            self._watcher.watch([b.outbox for b in self.outboxes.values()], self._parents())
+            self._watcher.sync([b.outbox for b in self.outboxes.values()], self._parents())
 
     def _parents(self) -> list[Path]:
         control = self.config.state_dir / "control"
@@ -144,8 +144,14 @@ class Broker:
 
     # -- the loop ---------------------------------------------------------------
 
-    def serve(self, stop: threading.Event, *, ready: Callable[[], None] | None = None) -> None:
-        """Recover, scan, then process events until `stop` is set."""
+    def serve(
+        self,
+        stop: threading.Event,
+        *,
+        ready: Callable[[], None] | None = None,
+        drain: bool = False,
+    ) -> None:
+        """Recover, scan, then process events until `stop` is set (then drain, if asked)."""
         self.recover()
         self._watcher = Watcher(self.events)
         self._rewatch()
@@ -161,6 +167,8 @@ class Broker:
                     items.append(("rescan",))
                     next_rescan = time.monotonic() + self.config.rescan_interval_s
                 self.step(items)
+            if drain:
+                self.drain()
         finally:
             self.close()
 
@@ -179,6 +187,10 @@ class Broker:
             if any(intake.classify(n)[0] is Kind.REQUEST for n in box.names()):
                 return True
         return False
+
+    def wake(self) -> None:
+        """Make the loop look at its stop event now rather than at its next timeout."""
+        self.events.put(("wake",))
 
     def close(self) -> None:
         if self._watcher is not None:
@@ -217,10 +229,34 @@ class Broker:
     # -- one wake-up ------------------------------------------------------------
 
     def rescan(self) -> None:
+        """Converge on the outboxes' real contents; events are only a hint."""
         self._discover()
         for box in list(self.outboxes.values()):
-            for name in box.names():
+            names = box.names()
+            for name in names:
                 self.events.put(("file", str(box.outbox), name))
+            self._drop_orphans(box, names)
+
+    def _drop_orphans(self, box: Outbox, names: list[str]) -> None:
+        """Remove attachments whose request did not come within the grace period."""
+        requests = {n.removesuffix(".json") for n in names if n.endswith(".json")}
+        cutoff = time.time() - self.config.limits.attachment_grace_s
+        for name in names:
+            kind, stem, _ = intake.classify(name)
+            if kind is not Kind.ATTACHMENT or stem in requests:
+                continue
+            try:
+                st = os.stat(name, dir_fd=box.outbox_fd, follow_symlinks=False)
+                if st.st_mtime < cutoff:
+                    os.unlink(name, dir_fd=box.outbox_fd)
+                    log.warning(
+                        "sandbox %s: removed attachment %r: no request listed it within %ds",
+                        box.sandbox,
+                        name,
+                        self.config.limits.attachment_grace_s,
+                    )
+            except OSError:
+                continue
 
     def step(self, items: Iterable[tuple[Any, ...]]) -> None:
         files: dict[tuple[str, str], Outbox] = {}
@@ -275,14 +311,12 @@ class Broker:
 
     # -- intake -----------------------------------------------------------------
 
-    def _claim(self, box: Outbox, name: str) -> str | None:
+    def _claim(self, box: Outbox, name: str, kind: Kind = Kind.REQUEST) -> str | None:
         """Move `name` out of the sandbox's reach; return where to read it, or None."""
-        kind, _, _ = intake.classify(name)
-        if kind is Kind.TEMPORARY:
-            return None
-        if kind is not Kind.REQUEST:
-            if kind is Kind.BAD and (box.sandbox, name) not in self._bad_names:
-                if len(self._bad_names) < 10_000:
+        found, _, _ = intake.classify(name)
+        if found is not kind:
+            if found is Kind.BAD and (box.sandbox, name) not in self._bad_names:
+                if len(self._bad_names) < 10_000:  # log each bad name once, within reason
                     self._bad_names.add((box.sandbox, name))
                 log.warning("sandbox %s: ignoring %r: not a request name", box.sandbox, name)
             return None
@@ -334,6 +368,7 @@ class Broker:
                 params=doc["params"],
                 reason=doc.get("reason"),
                 idempotency_key=doc.get("idempotency_key"),
+                attachments=self._attachments(box, stem, doc.get("attachments") or [], batch),
             )
         except FileNotFoundError:
             batch.remove.pop()
@@ -372,6 +407,81 @@ class Broker:
             self._classify(record, request, handler, ctx, batch)
         except Outcome as exc:
             self._conclude_new(record, exc, batch)
+
+    def _attachments(
+        self, box: Outbox, stem: str, names: list[str], batch: _Batch
+    ) -> dict[str, str]:
+        """Take each listed attachment out of the outbox into the content-addressed store."""
+        digests: dict[str, str] = {}
+        for i, att in enumerate(names):
+            file_name = f"{stem}.{att}.bin"
+            where = self._claim_attachment(box, file_name)
+            if where is None:
+                raise Rejected(
+                    f"invalid: attachment {att!r} is missing; write {file_name} into the "
+                    "outbox (by rename) before the request that lists it",
+                    [_issue(f"/attachments/{i}", "missing_attachment", f"no file {file_name}")],
+                )
+            is_claim = box.claim_fd >= 0
+            batch.remove.append((box, where, is_claim))
+            try:
+                data = intake.read_file(
+                    box.claim_fd if is_claim else box.outbox_fd,
+                    where,
+                    self.config.limits.max_attachment_bytes,
+                )
+            except Rejected as exc:
+                first = exc.issues[0] if exc.issues else None
+                message = f"attachment {att!r}: {first.message if first else exc.reason}"
+                raise Rejected(
+                    f"invalid: {message}",
+                    [
+                        _issue(
+                            f"/attachments/{i}", first.code if first else "bad_attachment", message
+                        )
+                    ],
+                ) from exc
+            digests[att] = self._store(data)
+        return digests
+
+    def _claim_attachment(self, box: Outbox, file_name: str) -> str | None:
+        claimed = self._claim(box, file_name, kind=Kind.ATTACHMENT)
+        if claimed is not None:
+            return claimed
+        # after a crash, it may already be in the claim dir
+        for leftover in box.claimed():
+            if leftover.split("~", 1)[0] == file_name:
+                return leftover
+        return None
+
+    def _store(self, data: bytes) -> str:
+        """Write bytes to <state>/attachments/<sha256>, durably, once."""
+        from broker.models import sha256_hex
+
+        digest = sha256_hex(data)
+        folder = self.config.state_dir / "attachments"
+        target = folder / digest
+        if target.exists():
+            return digest
+        folder.mkdir(mode=0o700, exist_ok=True)
+        tmp = folder / f".{digest}.{os.getpid()}.tmp"
+        fd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
+        )
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, target)
+        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        return digest
 
     def _record_invalid(
         self,

@@ -159,6 +159,8 @@ class BrokerHarness:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.broker is not None:
+            self.broker.wake()
         if self._thread is not None:
             self._thread.join(30)
             self._thread = None

@@ -1,0 +1,153 @@
+"""`make demo`: one agent, end to end, on the embedded defaults; says what it shows.
+
+A sandboxed agent (a real Docker container with no network) when the engine is
+available, else the same agent as a local process in attach mode. A second
+"person" approves its gated request from the CLI, as a reviewer would from another
+terminal.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / ".demo"
+BIN = Path(sys.executable).parent
+BROKER = str(BIN / "broker")
+
+
+def say(text: str) -> None:
+    print(f"\n\033[1m== {text}\033[0m", flush=True)
+
+
+def setup() -> Path:
+    shutil.rmtree(DEMO, ignore_errors=True)
+    for folder in ("state", "exports", "workspace"):
+        (DEMO / folder).mkdir(parents=True)
+    shutil.copy(ROOT / "demo" / "agent.py", DEMO / "workspace" / "agent.py")
+    (DEMO / "policy.toml").write_text(
+        "# Read in a code review: what the agent may do alone, and what a person sees.\n"
+        "[[rules]]\n"
+        'effect = "files.write"\n'
+        "when = { overwrite = true }\n"
+        'action = "approve"\n'
+        'timeout = "10m"\n'
+        'on_timeout = "deny"\n'
+        'reason = "an overwrite destroys the previous report"\n'
+    )
+    config = DEMO / "broker.toml"
+    config.write_text(
+        "[broker]\n"
+        f'state_dir = "{DEMO / "state"}"\n'
+        f'policy = "{DEMO / "policy.toml"}"\n'
+        "allow_as = true\n\n"
+        "[integrations.files]\n"
+        f'root = "{DEMO / "exports"}"\n'
+    )
+    return config
+
+
+def reviewer(config: Path, stop: threading.Event) -> None:
+    """A person at another terminal: waits for the gated request, reads it, approves."""
+    env = {**os.environ, "BROKER_CONFIG": str(config)}
+    while not stop.is_set():
+        listing = subprocess.run(
+            [BROKER, "pending", "--json"], env=env, capture_output=True, text=True
+        )
+        if listing.returncode == 0 and '"ref"' in listing.stdout:
+            import json
+
+            ref = json.loads(listing.stdout)[0]["ref"]
+            say(f"a reviewer runs `broker show {ref}` in another terminal")
+            subprocess.run([BROKER, "show", ref], env=env)
+            say(f"the reviewer approves: broker approve {ref}")
+            subprocess.run(
+                [BROKER, "approve", ref, "--as", "demo-reviewer", "--reason", "checked the diff"],
+                env=env,
+            )
+            return
+        stop.wait(0.3)
+
+
+def docker_ready() -> bool:
+    return (
+        subprocess.run(["docker", "info"], capture_output=True).returncode == 0
+        if shutil.which("docker")
+        else False
+    )
+
+
+def main() -> int:
+    config = setup()
+    env = {**os.environ, "BROKER_CONFIG": str(config)}
+    stop = threading.Event()
+    person = threading.Thread(target=reviewer, args=(config, stop), daemon=True)
+    if docker_ready() and not os.environ.get("DEMO_ATTACH"):
+        say("running the agent in a sandbox: no network, no credentials, read-only results")
+        person.start()
+        code = subprocess.run(
+            [
+                BROKER,
+                "run",
+                "--name",
+                "demo",
+                "--workspace",
+                str(DEMO / "workspace"),
+                "--",
+                "python3",
+                "/workspace/agent.py",
+            ],
+            env=env,
+        ).returncode
+    else:
+        say("Docker is not available: running the agent as a local process (attach mode)")
+        box = DEMO / "state" / "sandboxes" / "demo"
+        (box / "outbox").mkdir(parents=True)
+        serve = subprocess.Popen(
+            [
+                BROKER,
+                "serve",
+                "--outbox",
+                str(box / "outbox"),
+                "--results",
+                str(box / "results"),
+                "--sandbox",
+                "demo",
+            ],
+            env=env,
+        )
+        person.start()
+        agent_env = {
+            **os.environ,
+            "OUTBOX_DIR": str(box / "outbox"),
+            "RESULTS_DIR": str(box / "results"),
+            "SANDBOX_ID": "demo",
+            "PYTHONPATH": str(ROOT / "sandbox_images" / "client"),
+        }
+        time.sleep(1.0)
+        code = subprocess.run(
+            [sys.executable, str(DEMO / "workspace" / "agent.py")], env=agent_env
+        ).returncode
+        serve.terminate()
+        serve.wait(30)
+    stop.set()
+    say("what the host now holds")
+    print(f"exports: {sorted(p.name for p in (DEMO / 'exports').iterdir())}")
+    print((DEMO / "exports" / "report.md").read_text())
+    say("the audit log (broker audit tail), and its hash chain (broker audit verify)")
+    subprocess.run([BROKER, "audit", "tail", "-n", "12"], env=env)
+    subprocess.run([BROKER, "audit", "verify"], env=env)
+    say("the approval-rate signal (broker stats)")
+    subprocess.run([BROKER, "stats"], env=env)
+    print(f"\ndemo {'passed' if code == 0 else 'FAILED'}: state kept in {DEMO}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

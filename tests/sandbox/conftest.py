@@ -1,0 +1,207 @@
+"""Fixtures for the sandbox tests: the in-sandbox client, a fake broker, a real engine."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import docker
+import pytest
+
+from broker import sandbox
+from broker.errors import SandboxError
+
+CLIENT = Path(__file__).resolve().parents[2] / "sandbox_images" / "client" / "outbox.py"
+
+
+@pytest.fixture
+def outbox_client() -> ModuleType:
+    """The in-sandbox client module, loaded from its file as the image installs it."""
+    spec = importlib.util.spec_from_file_location("outbox", CLIENT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def outbox_dir(tmp_path: Path, results_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh outbox directory, named by OUTBOX_DIR (and RESULTS_DIR set beside it)."""
+    path = tmp_path / "outbox"
+    path.mkdir()
+    monkeypatch.setenv("OUTBOX_DIR", str(path))
+    return path
+
+
+@pytest.fixture
+def results_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh results directory, named by RESULTS_DIR."""
+    path = tmp_path / "results"
+    path.mkdir()
+    monkeypatch.setenv("RESULTS_DIR", str(path))
+    return path
+
+
+def write_result(results: Path, result: dict[str, Any]) -> None:
+    """Write a result file the way the broker does: a temporary name, then a rename."""
+    temp = results / f".{result['id']}.json.tmp"
+    temp.write_text(json.dumps(result))
+    temp.chmod(0o644)
+    os.replace(temp, results / f"{result['id']}.json")
+
+
+@pytest.fixture
+def result_writer(outbox_dir: Path, results_dir: Path) -> Callable[[dict[str, Any]], None]:
+    """Writes result files into the results directory, as the broker does."""
+    return lambda result: write_result(results_dir, result)
+
+
+@dataclass
+class FakeBroker:
+    """Answers the first request in an outbox from a thread, one status after another."""
+
+    outbox: Path
+    results: Path
+    steps: list[tuple[float, str]]
+    request: dict[str, Any] | None = None
+    thread: threading.Thread = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + 30
+        while self.request is None and time.monotonic() < deadline:
+            for path in self.outbox.glob("[!.]*.json"):
+                self.request = json.loads(path.read_text())
+                break
+            time.sleep(0.01)
+        if self.request is None:
+            return
+        for delay, status in self.steps:
+            time.sleep(delay)
+            write_result(
+                self.results,
+                {
+                    "version": 1,
+                    "id": self.request["id"],
+                    "effect": self.request["effect"],
+                    "status": status,
+                    "reason": f"{status} by the fake broker",
+                    "output": {"params": self.request["params"]},
+                    "errors": [],
+                },
+            )
+
+    def join(self) -> None:
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture
+def fake_broker(outbox_dir: Path, results_dir: Path) -> Iterator[Callable[..., FakeBroker]]:
+    """Start fake brokers answering with (delay, status) steps; joined at teardown."""
+    started: list[FakeBroker] = []
+
+    def make(*steps: tuple[float, str]) -> FakeBroker:
+        broker = FakeBroker(outbox_dir, results_dir, list(steps))
+        started.append(broker)
+        return broker
+
+    yield make
+    for broker in started:
+        broker.join()
+
+
+@pytest.fixture(scope="session")
+def engine() -> Iterator[docker.DockerClient]:
+    """A real Docker engine: skipped when none answers, a failure under CI."""
+    try:
+        client = sandbox.engine()
+    except SandboxError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI needs a Docker engine (run scripts/docker-up.sh first): {exc}")
+        pytest.skip(f"no Docker engine ({exc})")
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def agent_image(engine: docker.DockerClient) -> str:
+    """The agent image, built once per session (or reused when it is current)."""
+    return sandbox.ensure_image(engine)
+
+
+@dataclass
+class Run:
+    """What one sandbox run left behind."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+@dataclass
+class SandboxHost:
+    """The host side of one sandbox: its state dir and directories, and a way to run in it."""
+
+    engine: docker.DockerClient
+    image: str
+    state_dir: Path
+    paths: sandbox.SandboxPaths
+    containers: list[Any] = field(default_factory=list)
+    brokers: list[FakeBroker] = field(default_factory=list)
+
+    def answer(self, *steps: tuple[float, str]) -> FakeBroker:
+        """Answer the sandbox's first request with (delay, status) steps, from a thread."""
+        broker = FakeBroker(self.paths.outbox, self.paths.results, list(steps))
+        self.brokers.append(broker)
+        return broker
+
+    def start(self, command: list[str], **kwargs: Any) -> Any:
+        """Start ``command`` in this sandbox; removed at teardown."""
+        container = sandbox.start(self.engine, self.paths, self.image, command, **kwargs)
+        self.containers.append(container)
+        return container
+
+    def python(self, script: str, **kwargs: Any) -> Run:
+        """Run a Python script in this sandbox and wait (at most a minute) for it to end."""
+        container = self.start(["python3", "-c", script], **kwargs)
+        status = container.wait(timeout=60)
+        return Run(
+            exit_code=status["StatusCode"],
+            stdout=container.logs(stdout=True, stderr=False).decode(),
+            stderr=container.logs(stdout=False, stderr=True).decode(),
+        )
+
+
+@pytest.fixture
+def sandbox_host(
+    engine: docker.DockerClient, agent_image: str, tmp_path: Path
+) -> Iterator[SandboxHost]:
+    """A fresh sandbox, beside host state that must stay out of its reach."""
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(mode=0o700)
+    token = uuid.uuid4().hex
+    (state_dir / f"ledger-{token}.sqlite3").write_text(f"ledger {token}")
+    (state_dir / f"audit-{token}.jsonl").write_text(f'{{"audit": "{token}"}}\n')
+    host = SandboxHost(
+        engine,
+        agent_image,
+        state_dir,
+        sandbox.prepare_dirs(state_dir, f"t-{uuid.uuid4().hex[:12]}"),
+    )
+    yield host
+    for container in host.containers:
+        sandbox.remove(container)
+    for broker in host.brokers:
+        broker.join()
