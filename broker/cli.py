@@ -211,19 +211,22 @@ def policy_explain(
 
     cfg, registry, pol = assemble(config, state, policy)
 
-    def explain() -> tuple[Any, list[str], bool]:
+    def explain() -> tuple[Any, list[str]]:
         data = Path(request).read_bytes()
         doc = intake.parse_json(data, cfg.limits.max_depth)
         if not isinstance(doc, dict) or not isinstance(doc.get("effect"), str):
             raise BrokerError(f"{request}: not a request (no 'effect')")
         params: dict[str, Any] = doc["params"] if isinstance(doc.get("params"), dict) else {}
         effect = doc["effect"]
-        reversible = registry.get(effect).reversible if effect in registry else False
-        verdict, lines = pol.explain(effect, params, reversible)
-        return verdict, lines, reversible
+        if effect not in registry:
+            raise BrokerError(
+                f"no effect named {effect!r} is registered: the broker answers such a "
+                "request `invalid` before any rule is consulted"
+            )
+        return pol.explain(effect, params, registry.get(effect).reversible)
 
     try:
-        verdict, lines, _ = guarded(explain)
+        verdict, lines = guarded(explain)
     except BrokerError as exc:  # Rejected from intake
         fail(str(exc))
     if json_out:
@@ -251,6 +254,8 @@ def audit_verify(config: ConfigOpt = None, state: StateOpt = None) -> None:
         ledger = guarded(lambda: Ledger(cfg.ledger_path))
         head = ledger.audit_head()
         ledger.close()
+    if not path.exists():
+        fail(f"no audit log at {path}: is --state (or the config's state_dir) right?", code=1)
     count, fault = audit_mod.verify(path, head)
     if fault is not None:
         fail(f"{path}: line {fault.line}: {fault.problem}", code=1)
@@ -260,7 +265,7 @@ def audit_verify(config: ConfigOpt = None, state: StateOpt = None) -> None:
 def _print_events(events: list[dict[str, Any]], json_out: bool) -> None:
     for event in events:
         if json_out:
-            sys.stdout.write(json.dumps(event, ensure_ascii=False) + "\n")
+            sys.stdout.write(json.dumps(event) + "\n")  # ASCII: nothing hides in it
             continue
         detail = " ".join(
             f"{k}={v}"
@@ -306,7 +311,7 @@ def audit_export(
     if since:
         try:
             cutoff = iso(now() - timedelta(seconds=parse_duration(since)))
-        except ValueError:
+        except (ValueError, OverflowError):
             from datetime import datetime
 
             try:
@@ -318,7 +323,7 @@ def audit_export(
             cutoff = iso(moment)
     for _, event, _raw in audit_mod.read_events(path):
         if event is not None and (cutoff is None or str(event.get("at", "")) >= cutoff):
-            sys.stdout.write(json.dumps(event, ensure_ascii=False) + "\n")
+            sys.stdout.write(json.dumps(event) + "\n")
 
 
 def _ledger(cfg: Config) -> Ledger:

@@ -17,7 +17,9 @@ from typing import Any
 from broker.errors import ConfigError
 
 MiB = 1024 * 1024
-SECRET_WORDS = re.compile(r"(token|password|passwd|secret|api_key|apikey|private_key)$", re.I)
+SECRET_WORDS = re.compile(
+    r"(token|password|passwd|secret|api_key|apikey|private_key|access_key|credentials?)$", re.I
+)
 BROKER_KEYS = {
     "state_dir",
     "policy",
@@ -59,6 +61,11 @@ class Config:
     source: Path | None = None
 
     @property
+    def base_dir(self) -> Path | None:
+        """Where relative paths in broker.toml start: the file's own folder."""
+        return self.source.parent if self.source else None
+
+    @property
     def ledger_path(self) -> Path:
         return self.state_dir / "ledger.sqlite3"
 
@@ -75,7 +82,9 @@ class Config:
 
     def secret(self, integration: str, key: str) -> str | None:
         """Resolve `key_env` / `key_file` under [integrations.<integration>]."""
-        return resolve_secret(self.integration(integration), key, f"integrations.{integration}")
+        return resolve_secret(
+            self.integration(integration), key, f"integrations.{integration}", self.base_dir
+        )
 
     def secret_values(self) -> frozenset[str]:
         """Every secret the config references, for redaction of what is written."""
@@ -88,7 +97,7 @@ class Config:
                 elif key.endswith(("_env", "_file")) and isinstance(value, str):
                     base = key.rsplit("_", 1)[0]
                     try:
-                        secret = resolve_secret(table, base, where)
+                        secret = resolve_secret(table, base, where, self.base_dir)
                     except ConfigError:
                         continue
                     if secret and len(secret) >= 4:
@@ -98,8 +107,13 @@ class Config:
         return frozenset(found)
 
 
-def resolve_secret(table: Mapping[str, Any], key: str, where: str) -> str | None:
-    """The value behind `<key>_env` or `<key>_file`, or None when neither is set."""
+def resolve_secret(
+    table: Mapping[str, Any], key: str, where: str, base: Path | None = None
+) -> str | None:
+    """The value behind `<key>_env` or `<key>_file`, or None when neither is set.
+
+    A relative `_file` is read next to broker.toml (`base`), wherever the command runs.
+    """
     env_name = table.get(f"{key}_env")
     file_name = table.get(f"{key}_file")
     if env_name is not None:
@@ -108,8 +122,11 @@ def resolve_secret(table: Mapping[str, Any], key: str, where: str) -> str | None
             raise ConfigError(f"{where}.{key}_env: environment variable {env_name} is not set")
         return value
     if file_name is not None:
+        path = Path(str(file_name))
+        if base is not None and not path.is_absolute():
+            path = base / path
         try:
-            return Path(str(file_name)).read_text(encoding="utf-8").strip()
+            return path.read_text(encoding="utf-8").strip()
         except OSError as exc:
             raise ConfigError(
                 f"{where}.{key}_file: cannot read {file_name}: {exc.strerror}"
@@ -129,7 +146,7 @@ def _check_no_literal_secrets(table: Mapping[str, Any], where: str) -> None:
     for key, value in table.items():
         if isinstance(value, Mapping):
             _check_no_literal_secrets(value, f"{where}.{key}")
-        elif SECRET_WORDS.search(key) and isinstance(value, str):
+        elif SECRET_WORDS.search(key) and not isinstance(value, list):
             raise ConfigError(
                 f"{where}.{key}: secrets are never written in broker.toml; "
                 f"use {key}_env (an environment variable) or {key}_file (a file)"

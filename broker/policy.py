@@ -23,13 +23,21 @@ RULE_KEYS = {"effect", "when", "action", "reason", "approvals", "timeout", "on_t
 DEFAULT_TIMEOUT_S = 3600.0
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+MAX_DURATION_S = 366 * 86400.0  # a deadline must be a date people can still act on
 
 # effect name -> does its handler declare it reversible? (the registered effects)
 Reversibility = Mapping[str, bool]
 
 
 def parse_duration(value: Any) -> float:
-    """'90s', '4h', '1h30m', '2d' or a number of seconds → seconds."""
+    """'90s', '4h', '1h30m', '2d' or a number of seconds → seconds (at most a year)."""
+    total = _duration(value)
+    if not total <= MAX_DURATION_S:  # also refuses NaN
+        raise ValueError(f"{value!r} is longer than a year; use a shorter duration")
+    return total
+
+
+def _duration(value: Any) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
         return float(value)
     if not isinstance(value, str) or not value.strip():

@@ -1,0 +1,244 @@
+"""The effect registry: discovery by entry point, checks at registration, config checks."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from broker.errors import ConfigError, DuplicateEffect, RegistryError, UnknownEffect
+from broker.registry import Registry, default_registry
+from broker.testing import FakeHandler
+from broker.validation import load_schema
+from effects.files import FilesWrite
+
+PluginMaker = Callable[[str, str], str]
+
+
+@pytest.fixture
+def install_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> PluginMaker:
+    """Install a throwaway distribution declaring one `broker.effects` entry point.
+
+    Call it with the module's source and the object's name in it; it returns the
+    distribution's name.
+    """
+
+    def install(source: str, target: str) -> str:
+        module = f"plugin_{uuid.uuid4().hex[:12]}"
+        dist = f"{module}_dist"
+        site = tmp_path / module
+        info = site / f"{dist}-1.0.dist-info"
+        info.mkdir(parents=True)
+        (site / f"{module}.py").write_text(source)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+        (info / "entry_points.txt").write_text(f"[broker.effects]\nzz = {module}:{target}\n")
+        monkeypatch.syspath_prepend(str(site))
+        return dist
+
+    return install
+
+
+def test_entry_points_load_files_write() -> None:
+    """The built-in files.write is found through the entry-point group."""
+    registry = default_registry()
+    handler = registry.get("files.write")
+    assert isinstance(handler, FilesWrite)
+    assert handler.reversible is True and handler.idempotent is True
+    assert handler.schema == load_schema("files.write")
+    assert "effects.files:FilesWrite" in registry.origin("files.write")
+
+
+def test_third_party_plugin_is_found_like_a_builtin(install_plugin: PluginMaker) -> None:
+    """An installed plugin's handler is registered with its distribution as origin."""
+    dist = install_plugin(
+        "from broker.testing import FakeHandler\nHANDLERS = [FakeHandler('demo.ping')]\n",
+        "HANDLERS",
+    )
+    registry = default_registry()
+    assert "demo.ping" in registry and "files.write" in registry
+    assert dist in registry.origin("demo.ping")
+
+
+def test_duplicate_registration_names_both_origins() -> None:
+    """Registering a name twice raises DuplicateEffect naming the first and second origin."""
+    registry = Registry()
+    registry.register(FakeHandler("demo.ping"), "plugin-a")
+    with pytest.raises(DuplicateEffect) as info:
+        registry.register(FakeHandler("demo.ping"), "plugin-b")
+    assert "demo.ping" in str(info.value)
+    assert "plugin-a" in str(info.value) and "plugin-b" in str(info.value)
+    assert registry.origin("demo.ping") == "plugin-a"
+
+
+def test_plugin_claiming_a_builtin_name_names_both(install_plugin: PluginMaker) -> None:
+    """A plugin that also claims files.write is refused, naming both distributions."""
+    dist = install_plugin(
+        "from broker.testing import FakeHandler\nH = FakeHandler('files.write')\n", "H"
+    )
+    with pytest.raises(DuplicateEffect) as info:
+        default_registry()
+    message = str(info.value)
+    assert "files.write" in message
+    assert "effects.files:FilesWrite" in message
+    assert dist in message
+
+
+def test_plugin_that_cannot_be_imported_names_itself(install_plugin: PluginMaker) -> None:
+    """A plugin whose import fails stops the start with its own name and the reason."""
+    dist = install_plugin("raise ImportError('needs libfoo')\n", "H")
+    with pytest.raises(RegistryError) as info:
+        default_registry()
+    assert dist in str(info.value)
+    assert "needs libfoo" in str(info.value)
+
+
+def test_plugin_pointing_at_something_else_names_itself(install_plugin: PluginMaker) -> None:
+    """An entry point that names a plain value, not a handler, is refused with its origin."""
+    dist = install_plugin("H = 42\n", "H")
+    with pytest.raises(RegistryError) as info:
+        default_registry()
+    assert dist in str(info.value)
+
+
+def test_plugin_with_bad_handler_names_itself(install_plugin: PluginMaker) -> None:
+    """A plugin whose handler breaks the contract is refused, naming the plugin."""
+    dist = install_plugin(
+        "from broker.testing import FakeHandler\nH = FakeHandler('Demo-Ping')\n", "H"
+    )
+    with pytest.raises(RegistryError) as info:
+        default_registry()
+    assert dist in str(info.value) and "Demo-Ping" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["files", "Files.write", "files.write.x.y", "1files.write", "files.write-x", "a..b", "", None],
+)
+def test_bad_effect_names_are_refused(name: object) -> None:
+    """Names other than <integration>.<verb> or <integration>.<object>.<verb> are refused."""
+    handler = FakeHandler("ok.ok")
+    handler.name = name  # type: ignore[assignment]
+    with pytest.raises(RegistryError) as info:
+        Registry().register(handler, "plugin-x")
+    assert str(info.value).startswith("plugin-x: ")
+    assert repr(name) in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["files.write", "github.pull_request.create", "s3.put_2"])
+def test_good_effect_names_are_accepted(name: str) -> None:
+    """Two- and three-part lower-case names register."""
+    registry = Registry()
+    registry.register(FakeHandler(name), "tests")
+    assert name in registry
+
+
+@pytest.mark.parametrize("method", ["check_config", "check", "reversible_for", "preview", "apply"])
+def test_missing_method_is_refused(method: str) -> None:
+    """A handler without one of the contract's methods is refused, naming origin and method."""
+    handler = FakeHandler("demo.ping")
+    setattr(handler, method, None)
+    with pytest.raises(RegistryError) as info:
+        Registry().register(handler, "plugin-x")
+    assert "plugin-x" in str(info.value) and f"{method}()" in str(info.value)
+
+
+@pytest.mark.parametrize(("flag", "value"), [("reversible", "yes"), ("idempotent", 1)])
+def test_non_bool_flags_are_refused(flag: str, value: object) -> None:
+    """reversible and idempotent must be real booleans, not truthy values."""
+    handler = FakeHandler("demo.ping")
+    setattr(handler, flag, value)
+    with pytest.raises(RegistryError) as info:
+        Registry().register(handler, "plugin-x")
+    assert "plugin-x" in str(info.value) and f"demo.ping.{flag}" in str(info.value)
+
+
+def test_missing_undo_sentence_is_refused() -> None:
+    """A handler must say how its effect is undone."""
+    handler = FakeHandler("demo.ping")
+    handler.undo = None  # type: ignore[assignment]
+    with pytest.raises(RegistryError, match=r"plugin-x: demo\.ping\.undo"):
+        Registry().register(handler, "plugin-x")
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "nope"},
+        {"type": "object", "properties": {"x": {"minLength": -1}}},
+        {"required": "path"},
+    ],
+)
+def test_invalid_json_schema_is_refused(schema: dict[str, object]) -> None:
+    """A schema that is not valid JSON Schema is refused at registration, naming origin."""
+    with pytest.raises(RegistryError) as info:
+        Registry().register(FakeHandler("demo.ping", schema=schema), "plugin-x")
+    assert "plugin-x: demo.ping.schema" in str(info.value)
+    assert "not a valid JSON Schema" in str(info.value)
+
+
+def test_schema_that_is_not_an_object_is_refused() -> None:
+    """A schema given as a list is refused."""
+    handler = FakeHandler("demo.ping")
+    handler.schema = ["type", "object"]  # type: ignore[assignment]
+    with pytest.raises(RegistryError, match=r"plugin-x: demo\.ping\.schema"):
+        Registry().register(handler, "plugin-x")
+
+
+def test_refused_handler_is_not_registered() -> None:
+    """After a refusal the name is still free for a correct handler."""
+    registry = Registry()
+    with pytest.raises(RegistryError):
+        registry.register(FakeHandler("demo.ping", schema={"type": "nope"}), "bad")
+    assert "demo.ping" not in registry
+    registry.register(FakeHandler("demo.ping"), "good")
+    assert registry.origin("demo.ping") == "good"
+
+
+def test_unknown_effect_raises_unknown_effect() -> None:
+    """Asking for a name nobody registered raises UnknownEffect naming it."""
+    with pytest.raises(UnknownEffect, match=r"'nope\.nothing'"):
+        default_registry().get("nope.nothing")
+
+
+def test_registry_lists_handlers_sorted() -> None:
+    """Iteration yields handlers by name; reversibility maps each name to its flag."""
+    registry = Registry()
+    registry.register(FakeHandler("b.two", reversible=False), "tests")
+    registry.register(FakeHandler("a.one"), "tests")
+    assert [h.name for h in registry] == ["a.one", "b.two"]
+    assert len(registry) == 2
+    assert registry.reversibility() == {"a.one": True, "b.two": False}
+
+
+def test_check_config_refuses_section_no_effect_belongs_to() -> None:
+    """An [integrations.github] section with no github effect registered is refused."""
+    with pytest.raises(ConfigError) as info:
+        default_registry().check_config({"github": {"token_env": "GITHUB_TOKEN"}})
+    assert "integrations.github" in str(info.value)
+    assert "files" in str(info.value)
+
+
+@pytest.mark.parametrize("root", ["/nonexistent/exports", 5, "a-file"])
+def test_check_config_refuses_bad_files_root(root: object, tmp_path: Path) -> None:
+    """files.root that is not an existing directory is refused, naming the key."""
+    if root == "a-file":
+        root = tmp_path / "a-file"
+        root.write_text("")
+        root = str(root)
+    with pytest.raises(ConfigError, match=r"integrations\.files\.root"):
+        default_registry().check_config({"files": {"root": root}})
+
+
+def test_check_config_refuses_unknown_files_key(exports: Path) -> None:
+    """A misspelt key under [integrations.files] is refused, naming it."""
+    with pytest.raises(ConfigError, match=r"integrations\.files\.rot"):
+        default_registry().check_config({"files": {"rot": str(exports)}})
+
+
+def test_check_config_accepts_good_files_root(exports: Path) -> None:
+    """An existing directory as files.root passes; so does no section at all."""
+    registry = default_registry()
+    registry.check_config({"files": {"root": str(exports)}})
+    registry.check_config({})
