@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from broker.audit import event as audit_event
 from broker.errors import DecisionError
 from broker.ledger import Decision, Ledger, Record
 from broker.models import iso, now, parse_iso
@@ -92,7 +93,7 @@ def decide(
         )
         ledger.add_decision(decision)
         ledger.queue_audit(
-            _event(
+            audit_event(
                 "decision",
                 record,
                 stamp,
@@ -113,7 +114,9 @@ def decide(
                 completed_at=stamp,
                 reason=f"denied by {approver}: {reason}",
             )
-            ledger.queue_audit(_event("denied", record, stamp, by=approver, reason=record.reason))
+            ledger.queue_audit(
+                audit_event("denied", record, stamp, by=approver, reason=record.reason)
+            )
             return Outcome(record, True, len(have), need)
         have.append(approver)
         if len(have) < need:
@@ -130,26 +133,15 @@ def decide(
             decided_at=stamp,
             reason="approved by " + "; ".join(said),
         )
-        ledger.queue_audit(_event("decided", record, stamp, action="approve", by=", ".join(have)))
+        ledger.queue_audit(
+            audit_event("decided", record, stamp, action="approve", by=", ".join(have))
+        )
     return Outcome(record, True, len(have), need)
 
 
 def _same_sha(seen: str, actual: str) -> bool:
     seen = seen.strip().lower()
     return len(seen) >= 12 and actual.startswith(seen)
-
-
-def _event(event: str, record: Record, at: str, **extra: object) -> dict[str, object]:
-    entry: dict[str, object] = {
-        "at": at,
-        "event": event,
-        "sandbox": record.sandbox,
-        "id": record.id,
-        "effect": record.effect,
-        "sha256": record.sha256,
-    }
-    entry.update({k: v for k, v in extra.items() if v is not None})
-    return entry
 
 
 def nudge(state_dir: Path) -> None:
@@ -200,4 +192,15 @@ def card(ledger: Ledger, record: Record, registry: Registry | None = None) -> di
         "approvals": {"have": approvers(ledger, record), "needed": needed(record)},
         "decided_by": record.decided_by,
         "reason": record.reason,
+        "decisions": [
+            {
+                "approver": d.approver,
+                "verdict": d.verdict,
+                "reason": d.reason,
+                "surface": d.surface,
+                "at": d.at,
+                "sha256": d.sha256,
+            }
+            for d in ledger.decisions(*record.key)
+        ],
     }

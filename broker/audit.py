@@ -17,10 +17,26 @@ from pathlib import Path
 from typing import Any
 
 from broker.errors import AuditError
-from broker.ledger import Ledger
+from broker.ledger import Ledger, Record
 from broker.models import canonical, sha256_hex
 
 GENESIS = "0" * 64
+
+
+def event(kind: str, record: Record, at: str | None = None, **extra: Any) -> dict[str, Any]:
+    """One audit event about `record`; None-valued extras are left out."""
+    from broker.models import iso, now
+
+    entry: dict[str, Any] = {
+        "at": at or iso(now()),
+        "event": kind,
+        "sandbox": record.sandbox,
+        "id": record.id,
+        "effect": record.effect,
+        "sha256": record.sha256,
+    }
+    entry.update({k: v for k, v in extra.items() if v is not None})
+    return entry
 
 
 def line_hash(entry: dict[str, Any]) -> str:

@@ -418,6 +418,12 @@ def print_card(c: dict[str, Any]) -> None:
     out.print(f"[bold]APPROVALS[/]  {len(ap['have'])} of {ap['needed']} ({terminal(have)})")
     if c["status"] != "pending":
         out.print(f"[bold]OUTCOME[/]  {terminal(c['reason'] or '')}")
+    for d in c["decisions"]:
+        said = f": {terminal(d['reason'])}" if d["reason"] else ""
+        out.print(
+            f"[bold]DECISION[/]  {d['at']} {terminal(d['approver'])} {d['verdict']} "
+            f"via {d['surface']}{said}"
+        )
     out.print(f"[dim]request sha256 {c['request_sha256']}[/]")
 
 
@@ -576,6 +582,68 @@ def stats(
     for name, row in summary["effects"].items():
         if row["rubber_stamp"]:
             out.print(f"[yellow]⚠ {terminal(name)}[/]: {row['advice']}")
+
+
+@app.command()
+def undo(
+    ref: RefArg,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")] = False,
+    as_: AsOpt = None,
+    config: ConfigOpt = None,
+    state: StateOpt = None,
+) -> None:
+    """Reverse an applied effect, when its handler can; shows what it will do first."""
+    from broker import undo as undo_mod
+    from broker.audit import AuditLog, flush
+
+    cfg, registry, _ = assemble(config, state, None)
+    ledger = _ledger(cfg)
+    chosen = guarded(lambda: undo_mod.plan(ledger, registry, cfg, ref))
+    preview = chosen.preview
+    out.print(f"[bold]UNDO[/] {terminal(preview.title)}")
+    out.print(f"[bold]WHERE[/] {terminal(preview.target)}")
+    for key, value in preview.facts:
+        out.print(f"      {terminal(key)}: {terminal(value)}")
+    if preview.body:
+        out.print(neutralize(preview.body, keep_newlines=True), markup=False)
+    if not yes:
+        if not sys.stdin.isatty():
+            fail("confirm with --yes when not at a terminal")
+        if not typer.confirm("apply this undo?", default=False):
+            fail("not undone", code=1)
+    who = _identity(as_, cfg)
+    record = guarded(lambda: undo_mod.execute(ledger, cfg, chosen, who))
+    guarded(lambda: flush(ledger, AuditLog(cfg.audit_path)))
+    if record.state != "applied":
+        fail(f"undo failed: {record.reason}", code=1)
+    out.print(f"undone: {terminal(ref)} (recorded as {record.sandbox}/{terminal(record.id)})")
+
+
+@app.command()
+def reconcile(
+    ref: RefArg,
+    applied: Annotated[
+        bool | None,
+        typer.Option("--applied/--not-applied", help="what you found at the service"),
+    ] = None,
+    reason: Annotated[str | None, typer.Option(help="how you checked")] = None,
+    as_: AsOpt = None,
+    config: ConfigOpt = None,
+    state: StateOpt = None,
+) -> None:
+    """Settle a request that ended `unknown`: say whether the effect happened."""
+    from broker import undo as undo_mod
+    from broker.audit import AuditLog, flush
+
+    if applied is None:
+        fail("say what you found: --applied or --not-applied")
+    cfg = guarded(lambda: load_config(config, state_dir=state))
+    ledger = _ledger(cfg)
+    who = _identity(as_, cfg)
+    record = guarded(lambda: undo_mod.reconcile(ledger, ref, bool(applied), who, reason))
+    guarded(lambda: flush(ledger, AuditLog(cfg.audit_path)))
+    found = "applied" if applied else "not applied"
+    out.print(f"{terminal(record.sandbox)}/{terminal(record.id)}: recorded as {found} by {who}")
 
 
 class Prompt:

@@ -26,6 +26,7 @@ from typing import Any
 
 from broker import intake, results
 from broker.audit import AuditLog
+from broker.audit import event as audit_event
 from broker.config import Config
 from broker.errors import EffectFailed, Outcome, Rejected
 from broker.intake import Kind
@@ -664,26 +665,7 @@ class Broker:
     # -- applying ---------------------------------------------------------------
 
     def _context(self, record: Record) -> Context:
-        integration = (record.effect or "").split(".", 1)[0]
-
-        def secret(key: str) -> str | None:
-            return self.config.secret(integration, key)
-
-        def attachment(name: str) -> Path:
-            digest = (record.envelope.get("attachments") or {}).get(name)
-            if not digest:
-                raise EffectFailed(f"failed: no attachment named {name!r} came with the request")
-            return self.config.state_dir / "attachments" / str(digest)
-
-        return Context(
-            sandbox=record.sandbox,
-            request_id=record.id,
-            request_sha256=record.sha256 or "",
-            settings=self.config.integration(integration),
-            state_dir=self.config.state_dir,
-            secret=secret,
-            attachment=attachment,
-        )
+        return context_for(self.config, record)
 
     def _submit(self, record: Record) -> None:
         if record.key in self._in_flight:
@@ -898,17 +880,8 @@ class Broker:
             last = self.audit.append(backlog)
             self._audit_done = (last, self.audit.head)
 
-    def _audit(self, event: str, record: Record, **extra: Any) -> None:
-        entry: dict[str, Any] = {
-            "at": iso(now()),
-            "event": event,
-            "sandbox": record.sandbox,
-            "id": record.id,
-            "effect": record.effect,
-            "sha256": record.sha256,
-        }
-        entry.update({k: v for k, v in extra.items() if v is not None})
-        self.ledger.queue_audit(self._redact(entry))
+    def _audit(self, kind: str, record: Record, **extra: Any) -> None:
+        self.ledger.queue_audit(self._redact(audit_event(kind, record, **extra)))
 
     def _redact(self, value: Any) -> Any:
         if not self._secrets or value is None:
@@ -922,6 +895,30 @@ class Broker:
         if isinstance(value, list):
             return [self._redact(v) for v in value]
         return value
+
+
+def context_for(config: Config, record: Record) -> Context:
+    """What a handler gets besides params, for one recorded request."""
+    integration = (record.effect or "").split(".", 1)[0]
+
+    def secret(key: str) -> str | None:
+        return config.secret(integration, key)
+
+    def attachment(name: str) -> Path:
+        digest = (record.envelope.get("attachments") or {}).get(name)
+        if not digest:
+            raise EffectFailed(f"failed: no attachment named {name!r} came with the request")
+        return config.state_dir / "attachments" / str(digest)
+
+    return Context(
+        sandbox=record.sandbox,
+        request_id=record.id,
+        request_sha256=record.sha256 or "",
+        settings=config.integration(integration),
+        state_dir=config.state_dir,
+        secret=secret,
+        attachment=attachment,
+    )
 
 
 class _Denied(Outcome):
