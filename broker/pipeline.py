@@ -43,13 +43,38 @@ log = logging.getLogger("broker")
 REDACTED = "•••"
 
 
+FAULT_POINTS = (
+    "after_read",  # the request's bytes are in memory, nothing recorded yet
+    "before_commit",  # the wake-up's ledger transaction is about to commit
+    "after_commit",  # committed: recorded (and `applying`, for auto requests)
+    "before_remove",  # about to remove the consumed file from the claim dir
+    "after_remove",
+    "before_results",  # about to write the wake-up's result files
+    "after_result",  # one result renamed into place
+    "before_audit",  # about to append the wake-up's audit events
+    "after_audit",
+    "after_apply",  # the handler returned: the service accepted the call
+)
+
+
+def _crash_plan() -> tuple[str, int]:
+    """BROKER_CRASH_AT=<point>[:<n>]: SIGKILL this process the n-th time it passes."""
+    spec = os.environ.get("BROKER_CRASH_AT", "")
+    point, _, count = spec.partition(":")
+    return point, int(count) if count.isdigit() else 1
+
+
+_CRASH_POINT, _CRASH_COUNT = _crash_plan()
+_crash_hits = 0
+
+
 def _fault(point: str) -> None:
-    """Crash-injection hook for the reliability suite: BROKER_CRASH_AT=<point>."""
-    if _CRASH_AT and point == _CRASH_AT:
-        os.kill(os.getpid(), 9)
-
-
-_CRASH_AT = os.environ.get("BROKER_CRASH_AT", "")
+    """Crash injection for the reliability suite; free when BROKER_CRASH_AT is unset."""
+    global _crash_hits
+    if _CRASH_POINT and point == _CRASH_POINT:
+        _crash_hits += 1
+        if _crash_hits >= _CRASH_COUNT:
+            os.kill(os.getpid(), 9)
 
 
 @dataclass
@@ -293,6 +318,7 @@ class Broker:
                 self._expire(sandbox, request_id, batch)
             if reload:
                 self._reload(batch)
+            _fault("before_commit")
         _fault("after_commit")
         self._after_commit(batch)
 
@@ -304,6 +330,7 @@ class Broker:
             self._answer(record)
         _fault("before_audit")
         self._flush_audit()
+        _fault("after_audit")
         for record in batch.deadlines:
             if record.expires_at:
                 heapq.heappush(self._deadlines, (record.expires_at, record.sandbox, record.id))
