@@ -320,6 +320,15 @@ class Ledger:
         ).fetchone()
         return int(row[0])
 
+    def answered_ids(self, sandbox: str) -> list[str]:
+        """Ids of a sandbox's requests that have a result file to show."""
+        rows = self._exec(
+            "SELECT id FROM requests WHERE sandbox = ? AND state IN "
+            "('pending','applied','denied','expired','invalid','failed','unknown')",
+            (sandbox,),
+        ).fetchall()
+        return [str(r[0]) for r in rows]
+
     def counts(self, sandbox: str) -> dict[str, int]:
         """Requests of one sandbox by state."""
         rows = self._exec(
@@ -330,6 +339,38 @@ class Ledger:
     def recent(self, limit: int = 50) -> list[Record]:
         rows = self._exec("SELECT * FROM requests ORDER BY seq DESC LIMIT ?", (limit,)).fetchall()
         return [_row_to_record(r) for r in rows]
+
+    def search(
+        self,
+        *,
+        effect: str | None = None,
+        sandbox: str | None = None,
+        states: Iterable[str] | None = None,
+        limit: int = 50,
+    ) -> list[Record]:
+        """The newest requests matching every filter given (read-only; the web inbox)."""
+        where: list[str] = []
+        args: list[Any] = []
+        if effect is not None:
+            where.append("effect = ?")
+            args.append(effect)
+        if sandbox is not None:
+            where.append("sandbox = ?")
+            args.append(sandbox)
+        if states is not None:
+            wanted = list(states)
+            where.append(f"state IN ({', '.join('?' for _ in wanted)})")
+            args.extend(wanted)
+        sql = "SELECT * FROM requests"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        rows = self._exec(f"{sql} ORDER BY seq DESC LIMIT ?", [*args, limit]).fetchall()
+        return [_row_to_record(r) for r in rows]
+
+    def change_mark(self) -> int:
+        """A number that grows with every committed change (each queues an audit event)."""
+        row = self._exec("SELECT seq FROM sqlite_sequence WHERE name = 'audit_queue'").fetchone()
+        return int(row[0]) if row else 0
 
     def all(self) -> list[Record]:
         return [_row_to_record(r) for r in self._exec("SELECT * FROM requests ORDER BY seq")]

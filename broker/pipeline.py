@@ -588,14 +588,16 @@ class Broker:
         return True
 
     def _copy_outcome(self, record: Record, first: Record) -> Record:
+        """The first request's outcome, on the replay's own clock."""
+        stamp = iso(now())
         return record.evolve(
             state=first.state,
             reason=first.reason,
             output=first.output,
             errors=first.errors,
             decided_by=first.decided_by,
-            decided_at=first.decided_at,
-            completed_at=first.completed_at or iso(now()),
+            decided_at=stamp,
+            completed_at=stamp,
         )
 
     def _classify(
@@ -775,15 +777,22 @@ class Broker:
         if record is None or record.state != "pending":
             return
         stamp = iso(now())
+        deadline = (record.verdict or {}).get("timeout_s", 0)
         if record.on_timeout == "approve" and record.reversible:
             record = self.ledger.update(
-                record, state="applying", decided_by="policy (on_timeout)", decided_at=stamp
+                record,
+                state="applying",
+                decided_by="policy (on_timeout)",
+                decided_at=stamp,
+                reason=(
+                    f"applied by policy: nobody decided within {_human(deadline)}, and this "
+                    "reversible effect is approved when its deadline passes"
+                ),
             )
             self._audit("decided", record, action="approve", by="policy (on_timeout)")
             self._audit("applying", record)
             batch.apply.append(record)
             return
-        deadline = (record.verdict or {}).get("timeout_s", 0)
         record = self.ledger.update(
             record,
             state="expired",
@@ -837,9 +846,20 @@ class Broker:
                 self._audit("unknown", record, reason=record.reason)
                 batch.answer.append(record)
             self._reload(batch)
+            self._missing_results(batch)
             for record in self.ledger.in_states(["pending"]):
                 batch.deadlines.append(record)
         self._after_commit(batch)
+
+    def _missing_results(self, batch: _Batch) -> None:
+        """Result files lost since they were written (no fsync: a power cut) come back."""
+        for box in self.outboxes.values():
+            present = set(os.listdir(box.results_fd))
+            for request_id in self.ledger.answered_ids(box.sandbox):
+                if f"{request_id}.json" not in present:
+                    record = self.ledger.get(box.sandbox, request_id)
+                    if record is not None:
+                        batch.answer.append(record)
 
     def _reload(self, batch: _Batch) -> None:
         """Pick up what other processes changed: decisions, results to (re)write."""

@@ -14,6 +14,7 @@ import errno
 import hashlib
 import os
 import stat
+import uuid
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -128,7 +129,7 @@ class FilesWrite(Handler):
                     f"failed: {out['path']} already exists with other content; "
                     "choose a new path, or set overwrite: true (which needs approval)"
                 )
-            tmp = f".{parts[-1]}.{os.getpid()}.broker-tmp"
+            tmp = f".{parts[-1]}.{uuid.uuid4().hex}.broker-tmp"
             fd = os.open(
                 tmp,
                 os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -140,11 +141,31 @@ class FilesWrite(Handler):
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            os.rename(tmp, parts[-1], src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            if existing is None:
+                # link, not rename: it fails if another request created the file meanwhile
+                try:
+                    os.link(tmp, parts[-1], src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                except FileExistsError:
+                    os.unlink(tmp, dir_fd=dir_fd)
+                    return self._settle_race(params, dir_fd, parts, data, out)
+                os.unlink(tmp, dir_fd=dir_fd)
+            else:
+                os.rename(tmp, parts[-1], src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             os.fsync(dir_fd)
             return {**out, "created": existing is None, "changed": True}
         finally:
             os.close(dir_fd)
+
+    def _settle_race(
+        self, params: Params, dir_fd: int, parts: list[str], data: bytes, out: JSON
+    ) -> JSON:
+        """Another request created the file first: same bytes is fine, else refuse."""
+        if self._read_at(dir_fd, parts[-1], "/".join(parts)) == data:
+            return {**out, "created": False, "changed": False}
+        raise EffectFailed(
+            f"failed: {out['path']} was created by another request meanwhile; "
+            "choose a new path, or set overwrite: true (which needs approval)"
+        )
 
     def _read_existing(self, root: Path, parts: list[str]) -> bytes | None:
         try:
