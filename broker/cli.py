@@ -40,8 +40,9 @@ app.add_typer(policy_app, name="policy")
 app.add_typer(image_app, name="image")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(audit_app, name="audit")
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# no emoji codes: an agent's ":white_check_mark: approved" must print as written
+out = Console(highlight=False, soft_wrap=True, emoji=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 ConfigOpt = Annotated[
     Path | None,

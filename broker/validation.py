@@ -54,6 +54,7 @@ def _pointer(parts: Iterable[Any]) -> str:
 
 def _issues(errors: Iterable[ValidationError], prefix: tuple[Any, ...]) -> list[Issue]:
     found: list[Issue] = []
+    seen: set[tuple[str, str]] = set()
     for error in sorted(errors, key=lambda e: (list(map(str, e.absolute_path)), e.validator)):
         path = prefix + tuple(error.absolute_path)
         code = str(error.validator)
@@ -65,7 +66,10 @@ def _issues(errors: Iterable[ValidationError], prefix: tuple[Any, ...]) -> list[
                 if isinstance(error.instance, dict) and name not in error.instance
             ]
             for name in missing:
-                found.append(Issue(_pointer((*path, name)), "required", f"{name!r} is required"))
+                pointer = _pointer((*path, name))
+                if (pointer, "required") not in seen:  # one error per missing name
+                    seen.add((pointer, "required"))
+                    found.append(Issue(pointer, "required", f"{name!r} is required"))
             continue
         if (
             code == "additionalProperties"

@@ -359,4 +359,6 @@ def window(since: str | None) -> datetime | None:
     try:
         return now() - timedelta(seconds=parse_duration(since))
     except (ValueError, OverflowError) as exc:
-        raise ApiError(422, "invalid_since", f"since {since!r}: expected a duration like 24h or 7d") from exc
+        raise ApiError(
+            422, "invalid_since", f"since {since!r}: expected a duration like 24h or 7d"
+        ) from exc

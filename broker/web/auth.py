@@ -20,11 +20,12 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
-
-from starlette.requests import Request
+from typing import TYPE_CHECKING, Any
 
 from broker.errors import ConfigError
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
 
 SESSION_COOKIE = "broker_session"
 LOGIN_COOKIE = "broker_login"

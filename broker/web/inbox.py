@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -120,8 +120,16 @@ class Inbox:
         card["age_s"] = round((now() - received).total_seconds(), 1) if received else None
         return card
 
-    def history(self, filters: Filters, limit: int = 100) -> list[Record]:
-        states = [filters.status] if filters.status else None
+    def waiting(self) -> int:
+        with self.ledger() as ledger:
+            return len(ledger.in_states(["pending"]))
+
+    def history(
+        self, filters: Filters, limit: int = 100, *, states: Iterable[str] | None = None
+    ) -> list[Record]:
+        """The newest requests matching `filters` (status, else any of `states`)."""
+        if filters.status:
+            states = [filters.status]
         with self.ledger() as ledger:
             return ledger.search(
                 effect=filters.effect, sandbox=filters.sandbox, states=states, limit=limit

@@ -1,0 +1,14 @@
+"""The web surface: the approval inbox for reviewers and the HTTP API under /api/v1.
+
+    app.py     create_app(config, registry, *, ledger_factory): the FastAPI app
+    api.py     /api/v1: JSON in and out, errors as {"error": {"code", "message"}}
+    pages.py   the inbox pages (Jinja2 templates under templates/, static/ files)
+    auth.py    approvers' hashed tokens, sessions, CSRF
+    inbox.py   what both share: the web's own ledger connections, cards, decisions
+    render.py  untrusted text as HTML, hidden characters shown
+    server.py  WebServer (uvicorn on a thread) and start_web for serve/run
+    cli.py     `broker web token NAME`
+
+Nothing is imported here, so that `broker web token` stays as quick as the rest of the
+CLI: import broker.web.app or broker.web.server.
+"""

@@ -1,0 +1,197 @@
+"""The FastAPI application: /api/v1, the inbox pages and their static files.
+
+It runs in the broker's process but reads and writes the ledger through its own
+connections; a decision is flushed to the audit log and nudges the serving broker,
+exactly as `broker approve` does.
+
+    [web]
+    session_ttl = "12h"          # how long a browser stays signed in
+    tls_certfile = "cert.pem"    # serve HTTPS (both, relative to broker.toml)
+    tls_keyfile = "key.pem"
+    secure_cookie = true         # default: true with TLS; set it behind a TLS proxy
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from broker import __version__
+from broker.config import Config
+from broker.errors import ConfigError
+from broker.ledger import Ledger
+from broker.policy import parse_duration
+from broker.registry import Registry
+from broker.web import api, pages
+from broker.web.auth import Gate, Sessions, load_approvers
+from broker.web.inbox import Inbox
+
+STATIC = Path(__file__).parent / "static"
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+SECURITY_HEADERS = {
+    "content-security-policy": CSP,
+    "x-content-type-options": "nosniff",
+    "x-frame-options": "DENY",
+    "referrer-policy": "no-referrer",
+    "cache-control": "no-store",
+}
+WEB_KEYS = {"session_ttl", "tls_certfile", "tls_keyfile", "secure_cookie", "listen"}
+_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+
+
+@dataclass(frozen=True)
+class WebSettings:
+    """[web] in broker.toml, checked."""
+
+    session_ttl_s: float = 12 * 3600.0
+    tls_certfile: Path | None = None
+    tls_keyfile: Path | None = None
+    secure_cookie: bool = False
+    listen: str | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_certfile is not None
+
+
+def web_settings(config: Config) -> WebSettings:
+    """Read [web]; a mistake names its key."""
+    table: Mapping[str, Any] = config.web
+    unknown = set(table) - WEB_KEYS
+    if unknown:
+        raise ConfigError(f"web.{sorted(unknown)[0]}: unknown key")
+    try:
+        ttl = parse_duration(table.get("session_ttl", "12h"))
+    except ValueError as exc:
+        raise ConfigError(f"web.session_ttl: {exc}") from exc
+    base = config.base_dir or Path.cwd()
+    files = {}
+    for key in ("tls_certfile", "tls_keyfile"):
+        value = table.get(key)
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"web.{key}: expected a path")
+        files[key] = (base / value) if value else None
+    if (files["tls_certfile"] is None) != (files["tls_keyfile"] is None):
+        raise ConfigError("web.tls_certfile and web.tls_keyfile go together")
+    secure = table.get("secure_cookie", files["tls_certfile"] is not None)
+    if not isinstance(secure, bool):
+        raise ConfigError("web.secure_cookie: expected true or false")
+    listen = table.get("listen")
+    if listen is not None and not isinstance(listen, str):
+        raise ConfigError('web.listen: expected "HOST:PORT"')
+    return WebSettings(ttl, files["tls_certfile"], files["tls_keyfile"], secure, listen)
+
+
+def create_app(
+    config: Config,
+    registry: Registry,
+    *,
+    ledger_factory: Callable[[], Ledger] | None = None,
+) -> FastAPI:
+    """The web surface over `config`'s ledger; raises ConfigError for a bad [web]/[approvers]."""
+    settings = web_settings(config)
+    gate = Gate(load_approvers(config.approvers), Sessions(settings.session_ttl_s))
+    inbox = Inbox(config, registry, ledger_factory or (lambda: Ledger(config.ledger_path)))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        inbox.close()
+
+    app = FastAPI(
+        title="Sandbox-outbox broker",
+        version=__version__,
+        description="Approve or deny what agents ask to do; the same rules as the CLI.",
+        openapi_url="/api/v1/openapi.json",
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    app.include_router(api.router(inbox, gate), prefix="/api/v1")
+    web, renderer = pages.router(inbox, gate, secure_cookie=settings.secure_cookie)
+    app.include_router(web)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    _handle_errors(app, renderer)
+    app.add_middleware(SecurityHeaders)
+    return app
+
+
+def _is_api(request: Request) -> bool:
+    return request.url.path.startswith("/api/")
+
+
+def _json_error(status: int, code: str, message: str, headers: Mapping[str, str] | None = None) -> Response:
+    return JSONResponse(api.error_body(code, message), status_code=status, headers=headers)
+
+
+def _handle_errors(app: FastAPI, renderer: pages.Pages) -> None:
+    async def api_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, api.ApiError)
+        return _json_error(exc.status, exc.code, exc.message, exc.headers)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        code = _CODES.get(exc.status_code, "error")
+        message = str(exc.detail)
+        if _is_api(request):
+            return _json_error(exc.status_code, code, message, exc.headers)
+        return renderer.error(request, exc.status_code, "Not here", message)
+
+    async def invalid(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        problems = []
+        for error in exc.errors()[:5]:
+            where = ".".join(str(p) for p in error.get("loc", ()))
+            problems.append(f"{where}: {error.get('msg', 'invalid')}")
+        message = "; ".join(problems) or "the request is not valid"
+        if _is_api(request):
+            return _json_error(422, "invalid_request", message)
+        return renderer.error(request, 400, "Not understood", message)
+
+    async def broken(request: Request, exc: Exception) -> Response:
+        response = _json_error(500, "internal", "the broker's web surface failed; see its log")
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
+    app.add_exception_handler(api.ApiError, api_error)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(Exception, broken)
+
+
+class SecurityHeaders:
+    """Adds the CSP (no inline scripts) and its companions to every response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [
+                    (k, v)
+                    for k, v in message.get("headers", [])
+                    if k.decode("latin-1").lower() not in SECURITY_HEADERS
+                ]
+                headers += [(k.encode(), v.encode()) for k, v in SECURITY_HEADERS.items()]
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)

@@ -1,0 +1,291 @@
+"""The inbox pages: server-rendered HTML for reviewers in a browser.
+
+Every value printed by a template goes through `render.shown` (Jinja's `finalize`):
+escaped, with control, bidi and zero-width characters made visible. Regions marked
+`data-live` are swapped in place by static/inbox.js when the ledger changes.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from markupsafe import Markup
+
+from broker.errors import RequestNotFound
+from broker.models import TERMINAL
+from broker.web import render
+from broker.web.auth import LOGIN_COOKIE, SESSION_COOKIE, Gate, Identity, same_secret
+from broker.web.inbox import STATES, Filters, Inbox, Refused
+
+TEMPLATES = Path(__file__).parent / "templates"
+DECIDED = tuple(s for s in STATES if s not in ("received", "pending"))
+DONE = {
+    "approve": "Your approval is recorded.",
+    "deny": "Your denial is recorded; the agent reads your reason.",
+}
+
+
+def _finalize(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return render.shown(value)
+    return value
+
+
+def environment() -> Environment:
+    env = Environment(
+        loader=FileSystemLoader(TEMPLATES),
+        autoescape=True,
+        finalize=_finalize,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["multiline"] = lambda text: render.shown(str(text or ""), keep_newlines=True)
+    env.filters["duration"] = render.duration
+    env.globals.update(
+        body_lines=render.body_lines,
+        then=render.then,
+        request_url=render.request_url,
+    )
+    return env
+
+
+def safe_next(target: str | None) -> str:
+    """Only a path on this site: never another origin after signing in."""
+    if not target or not target.startswith("/") or target.startswith(("//", "/\\")):
+        return "/"
+    return target
+
+
+class Pages:
+    """Renders pages with what every page shows: who is signed in, what waits."""
+
+    def __init__(self, inbox: Inbox, gate: Gate, *, secure_cookie: bool) -> None:
+        self.inbox = inbox
+        self.gate = gate
+        self.secure_cookie = secure_cookie
+        self.env = environment()
+
+    def html(
+        self,
+        name: str,
+        request: Request,
+        who: Identity | None,
+        status: int = 200,
+        **context: Any,
+    ) -> HTMLResponse:
+        cursor = self.inbox.cursor() if who else 0  # read first: the page is at least this new
+        waiting = self.inbox.waiting() if who else 0
+        text = self.env.get_template(name).render(
+            who=who,
+            csrf=who.session.csrf if who and who.session else "",
+            cursor=cursor,
+            waiting=waiting,
+            path=request.url.path,
+            **context,
+        )
+        return HTMLResponse(text, status_code=status)
+
+    def error(self, request: Request, status: int, title: str, message: str) -> HTMLResponse:
+        who = self.signed_in(request)
+        return self.html("error.html", request, who, status, title=title, message=message)
+
+    def signed_in(self, request: Request) -> Identity | None:
+        who = self.gate.identity(request)
+        return who if who is not None and who.session is not None else None
+
+    def to_login(self, request: Request) -> RedirectResponse:
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        from urllib.parse import quote
+
+        return RedirectResponse(f"/login?next={quote(target, safe='')}", status_code=303)
+
+    def cookie(self, response: Response, name: str, value: str, max_age: int) -> None:
+        response.set_cookie(
+            name,
+            value,
+            max_age=max_age,
+            path="/",
+            httponly=True,
+            samesite="strict",
+            secure=self.secure_cookie,
+        )
+
+
+def router(inbox: Inbox, gate: Gate, *, secure_cookie: bool) -> tuple[APIRouter, Pages]:
+    """The HTML routes; also returns the renderer, for error pages."""
+    pages = Pages(inbox, gate, secure_cookie=secure_cookie)
+    web = APIRouter(include_in_schema=False)
+    FormText = Annotated[str, Form(max_length=4000)]
+
+    @web.get("/login")
+    def login_form(request: Request, next: str = "/") -> Response:
+        if pages.signed_in(request):
+            return RedirectResponse(safe_next(next), status_code=303)
+        return _login_page(request, next, None, 200)
+
+    def _login_page(request: Request, target: str, problem: str | None, status: int) -> Response:
+        nonce = request.cookies.get(LOGIN_COOKIE) or secrets.token_urlsafe(32)
+        response = pages.html(
+            "login.html",
+            request,
+            None,
+            status,
+            nonce=nonce,
+            next=safe_next(target),
+            problem=problem,
+            nobody=not gate.approvers,
+        )
+        pages.cookie(response, LOGIN_COOKIE, nonce, 3600)
+        return response
+
+    @web.post("/login")
+    def login(
+        request: Request,
+        token: FormText = "",
+        csrf: FormText = "",
+        next: FormText = "/",
+    ) -> Response:
+        if not same_secret(request.cookies.get(LOGIN_COOKIE) or "", csrf):
+            return _login_page(
+                request, next, "This sign-in form expired; sign in again.", 403
+            )
+        name = gate.identify(token.strip()) if token.strip() else None
+        if name is None:
+            return _login_page(request, next, "That is not an approver's token.", 401)
+        sid, _ = gate.sessions.open(name)
+        response = RedirectResponse(safe_next(next), status_code=303)
+        pages.cookie(response, SESSION_COOKIE, sid, int(gate.sessions.ttl_s))
+        response.delete_cookie(LOGIN_COOKIE, path="/")
+        return response
+
+    @web.post("/logout")
+    def logout(request: Request, csrf: FormText = "") -> Response:
+        who = pages.signed_in(request)
+        if who is not None and who.session is not None:
+            if not same_secret(who.session.csrf, csrf):
+                return pages.error(request, 403, "Not signed out", "The form expired; try again.")
+            gate.sessions.close(request.cookies.get(SESSION_COOKIE, ""))
+        response = RedirectResponse("/login", status_code=303)
+        response.delete_cookie(SESSION_COOKIE, path="/")
+        return response
+
+    @web.get("/")
+    def inbox_page(request: Request) -> Response:
+        who = pages.signed_in(request)
+        if who is None:
+            return pages.to_login(request)
+        return pages.html("inbox.html", request, who, cards=inbox.pending())
+
+    @web.get("/requests/{sandbox}/{request_id}")
+    def request_page(request: Request, sandbox: str, request_id: str, done: str = "") -> Response:
+        who = pages.signed_in(request)
+        if who is None:
+            return pages.to_login(request)
+        return _request_page(request, who, sandbox, request_id, DONE.get(done), None, 200)
+
+    def _request_page(
+        request: Request,
+        who: Identity,
+        sandbox: str,
+        request_id: str,
+        notice: str | None,
+        problem: str | None,
+        status: int,
+    ) -> Response:
+        try:
+            card = inbox.card(sandbox, request_id)
+        except RequestNotFound as exc:
+            return pages.error(request, 404, "No such request", str(exc))
+        mine = next(
+            (d for d in _decisions(inbox, sandbox, request_id) if d == who.approver), None
+        )
+        return pages.html(
+            "request.html",
+            request,
+            who,
+            status,
+            card=card,
+            notice=notice,
+            problem=problem,
+            decided_by_me=mine is not None,
+            terminal=card["status"] in TERMINAL,
+        )
+
+    @web.post("/requests/{sandbox}/{request_id}/decision")
+    def decide(
+        request: Request,
+        sandbox: str,
+        request_id: str,
+        verdict: FormText = "",
+        reason: FormText = "",
+        request_sha256: FormText = "",
+        csrf: FormText = "",
+    ) -> Response:
+        who = pages.signed_in(request)
+        if who is None or who.session is None:
+            return pages.to_login(request)
+        if not same_secret(who.session.csrf, csrf):
+            return pages.error(
+                request, 403, "Not recorded", "The form expired (CSRF check); reload and decide again."
+            )
+        said = reason.strip() or None
+        problem = None
+        if verdict not in ("approve", "deny"):
+            problem = "Choose Approve or Deny."
+        elif verdict == "deny" and said is None:
+            problem = "A denial needs a reason: the agent reads it and should know what to do."
+        elif len(said or "") > 2000:
+            problem = "The reason is longer than 2,000 characters."
+        if problem is None:
+            try:
+                inbox.decide(
+                    sandbox,
+                    request_id,
+                    verdict,
+                    approver=who.approver,
+                    reason=said,
+                    sha256=request_sha256,
+                    surface="web",
+                )
+            except RequestNotFound as exc:
+                return pages.error(request, 404, "No such request", str(exc))
+            except Refused as exc:
+                return _request_page(request, who, sandbox, request_id, None, exc.message, 409)
+            url = render.request_url(sandbox, request_id) + f"?done={verdict}"
+            return RedirectResponse(url, status_code=303)
+        return _request_page(request, who, sandbox, request_id, None, problem, 422)
+
+    @web.get("/history")
+    def history(
+        request: Request, effect: str = "", sandbox: str = "", outcome: str = ""
+    ) -> Response:
+        who = pages.signed_in(request)
+        if who is None:
+            return pages.to_login(request)
+        filters = Filters(effect or None, sandbox or None, outcome or None)
+        states = [outcome] if outcome else list(DECIDED)
+        records = inbox.history(filters, 200, states=states)
+        return pages.html(
+            "history.html",
+            request,
+            who,
+            records=records,
+            filters=filters,
+            effects=inbox.effects(),
+            outcomes=DECIDED,
+        )
+
+    return web, pages
+
+
+def _decisions(inbox: Inbox, sandbox: str, request_id: str) -> list[str]:
+    with inbox.ledger() as ledger:
+        return [d.approver for d in ledger.decisions(sandbox, request_id)]
