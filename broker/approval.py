@@ -68,6 +68,12 @@ def decide(
             raise DecisionError(
                 f"{record.sandbox}/{record.id} is not waiting for a decision (it is {record.state})"
             )
+        deadline = parse_iso(record.expires_at)
+        if deadline is not None and deadline <= now():
+            raise DecisionError(
+                f"{record.sandbox}/{record.id}: its deadline passed at {record.expires_at}; "
+                f"it resolves by its on_timeout ({record.on_timeout})"
+            )
         if sha256 is not None and not _same_sha(sha256, record.sha256 or ""):
             raise DecisionError(
                 f"{record.sandbox}/{record.id}: the decision is for request {sha256[:12]}…, "

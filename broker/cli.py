@@ -57,6 +57,11 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")
 T = TypeVar("T")
 
 
+def print_json(data: Any) -> None:
+    """JSON for scripts: ASCII only, so no control or bidi character reaches a terminal."""
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     err.print(f"[bold red]error:[/] {terminal(message)}")
     raise typer.Exit(code)
@@ -167,7 +172,7 @@ def effects(json_out: JsonOpt = False, config: ConfigOpt = None, state: StateOpt
         for h in registry
     ]
     if json_out:
-        out.print_json(json.dumps(rows))
+        print_json(rows)
         return
     table = Table("effect", "reversible", "idempotent", "undo", "from")
     for h in registry:
@@ -231,7 +236,7 @@ def policy_explain(
     except BrokerError as exc:  # Rejected from intake
         fail(str(exc))
     if json_out:
-        out.print_json(json.dumps({"verdict": verdict.to_json(), "trace": lines}))
+        print_json({"verdict": verdict.to_json(), "trace": lines})
         return
     out.print(f"policy: {terminal(pol.source)}")
     for line in lines:
@@ -361,12 +366,15 @@ def pending(json_out: JsonOpt = False, config: ConfigOpt = None, state: StateOpt
         c["age_s"] = round((now() - received).total_seconds(), 1) if received else None
         rows.append(c)
     if json_out:
-        out.print_json(json.dumps(rows))
+        print_json(rows)
         return
     if not rows:
         out.print("nothing waits for a decision")
         return
-    table = Table("ref", "effect", "what", "age", "time left", "then", "approvals")
+    table = Table("effect", "what", "age", "time left", "then", "approvals")
+    # the ref is what people copy into `broker approve`: never cut it
+    table.add_column("ref", no_wrap=True, min_width=max(len(c["ref"]) for c in rows))
+    table.columns.insert(0, table.columns.pop())
     for c in rows:
         left = c["if_nobody_answers"]["seconds_left"]
         table.add_row(
@@ -387,7 +395,8 @@ def print_card(c: dict[str, Any]) -> None:
     from rich.syntax import Syntax
 
     what = c["what"]
-    out.rule(f"[bold]{terminal(c['ref'])}[/]  {terminal(c['effect'] or '')}  [{c['status']}]")
+    status = terminal(f"[{c['status']}]")
+    out.rule(f"[bold]{terminal(c['ref'])}[/]  {terminal(c['effect'] or '')}  {status}")
     out.print(f"[bold]WHAT[/]   {terminal(what['title'])}")
     out.print(f"[bold]WHERE[/]  {terminal(c['where'] or '')}")
     for key, value in what["facts"]:
@@ -448,7 +457,7 @@ def show(
     registry = guarded(default_registry)
     c = card(ledger, record, registry)
     if json_out:
-        out.print_json(json.dumps(c))
+        print_json(c)
         return
     print_card(c)
 
@@ -555,7 +564,7 @@ def stats(
     ledger = _ledger(cfg)
     summary = summarize(ledger.all(), cutoff)
     if json_out:
-        out.print_json(json.dumps(summary))
+        print_json(summary)
         return
     table = Table(
         "effect",
@@ -790,7 +799,7 @@ def sandbox_ls(json_out: JsonOpt = False) -> None:
 
     rows = guarded(listing)
     if json_out:
-        out.print_json(json.dumps(rows))
+        print_json(rows)
         return
     if not rows:
         out.print("no sandbox containers")
