@@ -1,0 +1,179 @@
+"""`broker run` end to end against the real engine: apply, answer, clean up, ask."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import docker
+import pexpect
+import pytest
+
+from broker import sandbox
+
+BROKER = str(Path(sys.executable).parent / "broker")
+
+
+@pytest.fixture
+def host(tmp_path: Path, agent_image: str) -> Path:
+    """A broker.toml with a files export root and a policy gating overwrites."""
+    (tmp_path / "exports").mkdir()
+    (tmp_path / "policy.toml").write_text(
+        '[[rules]]\neffect = "files.write"\nwhen = { overwrite = true }\naction = "approve"\n'
+        'timeout = "2m"\nreason = "an overwrite destroys the old file"\n'
+    )
+    config = tmp_path / "broker.toml"
+    config.write_text(
+        f'[broker]\nstate_dir = "state"\npolicy = "policy.toml"\n'
+        f'[integrations.files]\nroot = "{tmp_path / "exports"}"\n'
+    )
+    return config
+
+
+def run(config: Path, name: str, script: str, **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [BROKER, "run", "--config", str(config), "--name", name, "--", "python3", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        **kw,  # type: ignore[call-overload]
+    )
+
+
+def containers(engine: docker.DockerClient, name: str) -> list[object]:
+    return [c for c in sandbox.leftovers(engine) if c.labels.get(sandbox.LABEL) == name]
+
+
+AGENT = """
+import outbox
+r = outbox.request("files.write", {"path": "out.txt", "content": "from the sandbox"}, timeout=60)
+print("AGENT", r["status"], r["output"]["bytes"])
+"""
+
+
+def test_agent_request_is_applied_and_container_removed(
+    host: Path, engine: docker.DockerClient
+) -> None:
+    """The agent writes through the client, reads `applied`; the run summarises and cleans up."""
+    done = run(host, "ok1", AGENT)
+    assert done.returncode == 0, done.stderr
+    assert "AGENT applied 16" in done.stderr
+    assert "sandbox ok1 exited with 0: 1 applied" in done.stderr
+    assert (host.parent / "exports" / "out.txt").read_text() == "from the sandbox"
+    assert containers(engine, "ok1") == []
+
+
+def test_failing_agent_exit_code_is_returned_and_container_removed(
+    host: Path, engine: docker.DockerClient
+) -> None:
+    """A crashing agent's exit code is the run's, and its container is gone."""
+    done = run(host, "bad1", "import sys; sys.exit(7)")
+    assert done.returncode == 7
+    assert "exited with 7" in done.stderr
+    assert containers(engine, "bad1") == []
+
+
+def test_sigint_removes_the_container(host: Path, engine: docker.DockerClient) -> None:
+    """Ctrl-C (SIGINT) during a run removes the container and exits 130."""
+    proc = subprocess.Popen(
+        [
+            BROKER,
+            "run",
+            "--config",
+            str(host),
+            "--name",
+            "int1",
+            "--",
+            "python3",
+            "-c",
+            "import time; print('up', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not containers(engine, "int1"):
+        time.sleep(0.2)
+    assert containers(engine, "int1"), "the sandbox never started"
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert containers(engine, "int1") == []
+
+
+def test_detached_sandbox_is_served_by_serve_root(
+    host: Path, engine: docker.DockerClient, tmp_path: Path
+) -> None:
+    """`run --detach` leaves the sandbox to `serve`, which answers it; `sandbox rm` cleans up."""
+    done = subprocess.run(
+        [
+            BROKER,
+            "run",
+            "--config",
+            str(host),
+            "--name",
+            "det1",
+            "--detach",
+            "--",
+            "python3",
+            "-c",
+            AGENT,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr
+    serve = subprocess.Popen([BROKER, "serve", "--config", str(host)], stderr=subprocess.DEVNULL)
+    try:
+        result = tmp_path / "state" / "sandboxes" / "det1" / "results"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(result.glob("*.json")):
+            time.sleep(0.2)
+        assert any(result.glob("*.json")), "serve did not answer the detached sandbox"
+    finally:
+        serve.send_signal(signal.SIGINT)
+        serve.wait(30)
+    listed = subprocess.run([BROKER, "sandbox", "ls"], capture_output=True, text=True)
+    assert "det1" in listed.stdout
+    subprocess.run([BROKER, "sandbox", "rm", "det1"], check=True, capture_output=True)
+    assert containers(engine, "det1") == []
+
+
+def test_terminal_prompt_approves_a_gated_request(host: Path, engine: docker.DockerClient) -> None:
+    """At a terminal, `broker run` shows the card of a gated request and takes the answer."""
+    agent = (
+        "import outbox\n"
+        "outbox.request('files.write', {'path': 'g.txt', 'content': 'one'}, timeout=60)\n"
+        "r = outbox.request('files.write', {'path': 'g.txt', 'content': 'two', "
+        "'overwrite': True}, reason='update it', timeout=90)\n"
+        "print('AGENT', r['status'], r['reason'])\n"
+    )
+    child = pexpect.spawn(
+        BROKER,
+        ["run", "--config", str(host), "--name", "tty1", "--", "python3", "-c", agent],
+        encoding="utf-8",
+        timeout=90,
+        dimensions=(50, 160),
+        env={**os.environ, "COLUMNS": "160"},
+    )
+    child.expect("an overwrite destroys the old file")  # the card: why it stopped
+    child.expect("approve\\? \\[a\\]pprove")
+    child.sendline("a")
+    child.expect("reason")
+    child.sendline("looked at the diff")
+    child.expect("AGENT applied approved by .*: looked at the diff")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    assert (host.parent / "exports" / "g.txt").read_text() == "two"
+    assert containers(engine, "tty1") == []
