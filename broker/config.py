@@ -134,6 +134,18 @@ def resolve_secret(
     return None
 
 
+def read_toml(path: Path, error: type[ConfigError], what: str) -> dict[str, Any]:
+    """A TOML file's tables; any problem is one `error` naming the file."""
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise error(f"{path}: no such {what}") from exc
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc.strerror}") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise error(f"{path}: not valid TOML: {exc}") from exc
+
+
 def default_state_dir() -> Path:
     env = os.environ.get("BROKER_STATE_DIR")
     if env:
@@ -183,14 +195,7 @@ def load_config(
     if path is None:
         path = (state_dir or default_state_dir()) / "broker.toml"
     if path.exists() or explicit:
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError as exc:
-            raise ConfigError(f"{path}: no such configuration file") from exc
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+        data = read_toml(path, ConfigError, "configuration file")
     else:
         path = None
     unknown = set(data) - {"broker", "integrations", "sandbox", "approvers", "notify", "web"}

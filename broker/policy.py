@@ -8,7 +8,6 @@ person for one hour and are then denied. `classify` is a pure function.
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -169,15 +168,9 @@ def load_policy(path: Path | None, reversible: Reversibility) -> Policy:
     """Read and check a policy file; a fault names the rule and the key."""
     if path is None:
         return Policy()
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise PolicyError(f"{path}: no such policy file") from exc
-    except OSError as exc:
-        raise PolicyError(f"{path}: cannot read: {exc.strerror}") from exc
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise PolicyError(f"{path}: not valid TOML: {exc}") from exc
-    return parse_policy(data, reversible, str(path))
+    from broker.config import read_toml
+
+    return parse_policy(read_toml(path, PolicyError, "policy file"), reversible, str(path))
 
 
 def parse_policy(data: Mapping[str, Any], reversible: Reversibility, source: str) -> Policy:
