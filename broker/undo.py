@@ -57,7 +57,8 @@ def plan(ledger: Ledger, registry: Registry, config: Config, ref: str) -> UndoPl
             else Preview(title=f"undo {record.effect} {where}", target=str(record.effect))
         )
     except EffectFailed as exc:
-        raise DecisionError(f"{where}: cannot be undone: {exc.reason}") from exc
+        why = exc.reason.removeprefix("failed: ")
+        raise DecisionError(f"{where}: cannot be undone: {why}") from exc
     return UndoPlan(record, handler, preview)
 
 
