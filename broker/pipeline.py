@@ -827,7 +827,9 @@ class Broker:
                     if record.effect in self.registry
                     else None
                 )
-                if record.state == "approved" or (handler is not None and handler.idempotent):
+                if record.state == "approved" or (
+                    handler is not None and _idempotent(handler, record, self.config)
+                ):
                     if record.state == "approved":
                         record = self.ledger.update(record, state="applying")
                         self._audit("applying", record)
@@ -992,6 +994,18 @@ def _outcome_fields(record: Record) -> dict[str, Any]:
         "decided_at": record.decided_at,
         "completed_at": record.completed_at,
     }
+
+
+def _idempotent(handler: Any, record: Record, config: Config) -> bool:
+    """Whether this request may be applied again (the handler's per-request answer)."""
+    per_request = getattr(handler, "idempotent_for", None)
+    if not callable(per_request):
+        return bool(handler.idempotent)
+    try:
+        return bool(per_request(record.envelope.get("params", {}), context_for(config, record)))
+    except Exception:  # when in doubt, a person reconciles
+        log.exception("idempotent_for of %s/%s failed", record.sandbox, record.id)
+        return False
 
 
 def _exists(dir_fd: int, name: str) -> bool:

@@ -12,6 +12,8 @@ A handler is an object with:
   raises ConfigError naming the key at fault.
 - `check(params, ctx)`: optional checks schema cannot express; raises InvalidParams.
 - `reversible_for(params, ctx)`: this request's reversibility (default: `reversible`).
+- `idempotent_for(params, ctx)`: may this request be applied again after a crash
+  mid-apply? (default: `idempotent`; a GET can say yes where POST cannot).
 - `preview(params, ctx) -> Preview`: the literal artefact a person must see.
 - `apply(params, ctx) -> dict`: do it, with credentials from `ctx`; return JSON-able
   output for the agent. Raise EffectFailed with a sentence the agent can act on;
@@ -72,6 +74,9 @@ class Handler:
 
     def reversible_for(self, params: Params, ctx: Context) -> bool:
         return self.reversible
+
+    def idempotent_for(self, params: Params, ctx: Context) -> bool:
+        return self.idempotent
 
     def preview(self, params: Params, ctx: Context) -> Preview:
         raise NotImplementedError
