@@ -177,7 +177,7 @@ def test_policy_check_allows_on_timeout_approve_for_reversible_builtin(
         ('[[rules]]\neffect = "a.b"\naction = "approve"\ntimeout = "soon"\n', ["rules[0].timeout"]),
         ('[[rules]]\neffect = "a.b"\naction = "approve"\napprovals = 0\n', ["rules[0].approvals"]),
         ('[[rules]]\neffect = "a.b"\naction = "deny"\ntimeout = "1h"\n', ["rules[0].timeout"]),
-        ('[[rules]]\neffect = "github.*"\naction = "approve"\non_timeout = "approve"\n'
+        ('[[rules]]\neffect = "nothere.*"\naction = "approve"\non_timeout = "approve"\n'
          '[[rules]]\neffect = "ghost.run"\naction = "approve"\non_timeout = "approve"\n',
          ["rules[1].on_timeout"]),
         ("[[rules]\n", ["not valid TOML"]),

@@ -213,10 +213,10 @@ def test_registry_lists_handlers_sorted() -> None:
 
 
 def test_check_config_refuses_section_no_effect_belongs_to() -> None:
-    """An [integrations.github] section with no github effect registered is refused."""
+    """An [integrations.gitlab] section with no gitlab effect registered is refused."""
     with pytest.raises(ConfigError) as info:
-        default_registry().check_config({"github": {"token_env": "GITHUB_TOKEN"}})
-    assert "integrations.github" in str(info.value)
+        default_registry().check_config({"gitlab": {"token_env": "GITLAB_TOKEN"}})
+    assert "integrations.gitlab" in str(info.value)
     assert "files" in str(info.value)
 
 
