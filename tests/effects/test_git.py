@@ -187,7 +187,7 @@ def test_corrupt_bundle_is_refused(world: World, tmp_path: Path) -> None:
     """Bytes that are not a bundle fail with a clear reason."""
     junk = tmp_path / "junk.bundle"
     junk.write_bytes(b"# v2 git bundle\n" + b"\x00garbage" * 100)
-    with pytest.raises(EffectFailed, match="not a valid git bundle|carries no refs"):
+    with pytest.raises(EffectFailed, match=r"not a valid git bundle|carries no refs"):
         GitPush().apply(params(), world.ctx(junk))
 
 
