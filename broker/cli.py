@@ -25,6 +25,7 @@ from broker.registry import Registry, default_registry
 if TYPE_CHECKING:
     from broker.ledger import Ledger, Record
 from broker.render import neutralize, terminal
+from broker.web.cli import app as web_app  # light: no fastapi/uvicorn import
 
 app = typer.Typer(
     help="Sandbox-outbox effect broker: agents ask, policy and people decide, the host acts.",
@@ -39,6 +40,7 @@ audit_app = typer.Typer(help="Read and verify the audit log.", no_args_is_help=T
 app.add_typer(policy_app, name="policy")
 app.add_typer(image_app, name="image")
 app.add_typer(sandbox_app, name="sandbox")
+app.add_typer(web_app, name="web")
 app.add_typer(audit_app, name="audit")
 # no emoji codes: an agent's ":white_check_mark: approved" must print as written
 out = Console(highlight=False, soft_wrap=True, emoji=False)
@@ -53,6 +55,13 @@ ConfigOpt = Annotated[
 StateOpt = Annotated[Path | None, typer.Option("--state", help="the state dir (ledger, audit log)")]
 PolicyOpt = Annotated[Path | None, typer.Option("--policy", help="the policy file (TOML)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+ListenOpt = Annotated[
+    str | None,
+    typer.Option(help="also serve the web inbox and /api/v1 on HOST:PORT (e.g. 127.0.0.1:8700)"),
+]
+InsecureOpt = Annotated[
+    bool, typer.Option("--insecure-listen", help="allow --listen beyond loopback without TLS")
+]
 
 T = TypeVar("T")
 
@@ -123,6 +132,8 @@ def serve(
     config: ConfigOpt = None,
     state: StateOpt = None,
     policy: PolicyOpt = None,
+    listen: ListenOpt = None,
+    insecure_listen: InsecureOpt = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Watch outboxes and answer every request until stopped (Ctrl-C)."""
@@ -146,13 +157,22 @@ def serve(
             broker.notify_with(Notifier(hooks, inbox_url=cfg.notify.get("inbox_url")))
         return broker
 
+    from broker.web.server import start_web
+
     broker = guarded(start)
+    web = guarded(lambda: start_web(cfg, registry, listen, insecure=insecure_listen))
     stop = _stop_on_signals(broker.wake)
     served = ", ".join(sorted(broker.outboxes)) or "none yet"
     err.print(
         f"broker: serving sandboxes: {terminal(served)}; state in {cfg.state_dir}; Ctrl-C stops"
     )
-    guarded(lambda: broker.serve(stop))
+    if web is not None:
+        err.print(f"broker: web inbox on {web.url}")
+    try:
+        guarded(lambda: broker.serve(stop))
+    finally:
+        if web is not None:
+            web.stop()
 
 
 @app.command()
@@ -726,6 +746,8 @@ def run(
     config: ConfigOpt = None,
     state: StateOpt = None,
     policy: PolicyOpt = None,
+    listen: ListenOpt = None,
+    insecure_listen: InsecureOpt = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run CMD in a new sandbox and serve its outbox until it exits: broker run -- CMD ARGS."""
@@ -757,11 +779,19 @@ def run(
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupted)
+    from broker.web.server import start_web
+
+    web = guarded(lambda: start_web(cfg, registry, listen, insecure=insecure_listen))
+    if web is not None:
+        err.print(f"broker: web inbox on {web.url}")
     try:
         code = guarded(lambda: run_sandbox(cfg, registry, pol, options))
     except KeyboardInterrupt:
         err.print("interrupted: the sandbox was removed")
         raise typer.Exit(130) from None
+    finally:
+        if web is not None:
+            web.stop()
     raise typer.Exit(code)
 
 

@@ -37,7 +37,7 @@ def main() -> int:
             "overwrite": True,
         },
         reason="add the fix I just made",
-        timeout=120,
+        timeout=900,
     )
     show("overwrite", second)
     return 0 if first["status"] == "applied" and second["status"] == "applied" else 1

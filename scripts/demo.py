@@ -1,9 +1,10 @@
 """`make demo`: one agent, end to end, on the embedded defaults; says what it shows.
 
 A sandboxed agent (a real Docker container with no network) when the engine is
-available, else the same agent as a local process in attach mode. A second
-"person" approves its gated request from the CLI, as a reviewer would from another
-terminal.
+available, else the same agent as a local process in attach mode. The web inbox is
+served on 127.0.0.1:8700: at a terminal, the demo prints the URL and a token and waits
+for you to approve or deny the gated request in the browser (or with `broker approve`);
+without one (CI), a scripted reviewer approves it from the CLI after reading its card.
 """
 
 from __future__ import annotations
@@ -26,7 +27,20 @@ def say(text: str) -> None:
     print(f"\n\033[1m== {text}\033[0m", flush=True)
 
 
-def setup() -> Path:
+LISTEN = os.environ.get("DEMO_LISTEN", "127.0.0.1:8700")
+INTERACTIVE = sys.stdin.isatty() and not os.environ.get("CI")
+
+
+def token() -> tuple[str, str]:
+    """A fresh approver token for the demo reviewer: (token, its sha256)."""
+    import hashlib
+    import secrets
+
+    value = "bkr_" + secrets.token_urlsafe(32)
+    return value, hashlib.sha256(value.encode()).hexdigest()
+
+
+def setup(token_sha256: str) -> Path:
     shutil.rmtree(DEMO, ignore_errors=True)
     for folder in ("state", "exports", "workspace"):
         (DEMO / folder).mkdir(parents=True)
@@ -48,7 +62,9 @@ def setup() -> Path:
         f'policy = "{DEMO / "policy.toml"}"\n'
         "allow_as = true\n\n"
         "[integrations.files]\n"
-        f'root = "{DEMO / "exports"}"\n'
+        f'root = "{DEMO / "exports"}"\n\n'
+        "[approvers.demo-reviewer]\n"
+        f'token_sha256 = "{token_sha256}"\n'
     )
     return config
 
@@ -83,30 +99,46 @@ def docker_ready() -> bool:
     )
 
 
+def browser_hint(secret: str) -> None:
+    say(f"a person decides: open http://{LISTEN}/ and sign in with this token")
+    print(f"    {secret}", flush=True)
+    print("    (or in another terminal: BROKER_CONFIG=.demo/broker.toml broker pending)")
+
+
 def main() -> int:
-    config = setup()
+    secret, digest = token()
+    config = setup(digest)
     env = {**os.environ, "BROKER_CONFIG": str(config)}
     stop = threading.Event()
     person = threading.Thread(target=reviewer, args=(config, stop), daemon=True)
-    if docker_ready() and not os.environ.get("DEMO_ATTACH"):
+    web = ["--listen", LISTEN]
+    sandboxed = docker_ready() and not os.environ.get("DEMO_ATTACH")
+    if sandboxed:
         say("running the agent in a sandbox: no network, no credentials, read-only results")
+    else:
+        say("Docker is not available: running the agent as a local process (attach mode)")
+    if INTERACTIVE:
+        browser_hint(secret)
+    else:
         person.start()
+    if sandboxed:
+        workspace = ["--workspace", str(DEMO / "workspace")]
         code = subprocess.run(
             [
                 BROKER,
                 "run",
                 "--name",
                 "demo",
-                "--workspace",
-                str(DEMO / "workspace"),
+                *workspace,
+                *web,
                 "--",
                 "python3",
                 "/workspace/agent.py",
             ],
             env=env,
+            stdin=subprocess.DEVNULL,
         ).returncode
     else:
-        say("Docker is not available: running the agent as a local process (attach mode)")
         box = DEMO / "state" / "sandboxes" / "demo"
         (box / "outbox").mkdir(parents=True)
         serve = subprocess.Popen(
@@ -119,10 +151,10 @@ def main() -> int:
                 str(box / "results"),
                 "--sandbox",
                 "demo",
+                *web,
             ],
             env=env,
         )
-        person.start()
         agent_env = {
             **os.environ,
             "OUTBOX_DIR": str(box / "outbox"),
@@ -139,7 +171,8 @@ def main() -> int:
     stop.set()
     say("what the host now holds")
     print(f"exports: {sorted(p.name for p in (DEMO / 'exports').iterdir())}")
-    print((DEMO / "exports" / "report.md").read_text())
+    report = DEMO / "exports" / "report.md"
+    print(report.read_text() if report.exists() else "(no report.md)")
     say("the audit log (broker audit tail), and its hash chain (broker audit verify)")
     subprocess.run([BROKER, "audit", "tail", "-n", "12"], env=env)
     subprocess.run([BROKER, "audit", "verify"], env=env)

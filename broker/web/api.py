@@ -230,126 +230,143 @@ SandboxPath = Annotated[str, Path(pattern=SANDBOX, description="the sandbox id")
 IdPath = Annotated[str, Path(pattern=REQUEST_ID, description="the request id")]
 
 
-def router(inbox: Inbox, gate: Gate) -> APIRouter:
-    """The /api/v1 routes over `inbox`, guarded by `gate`."""
-    api = APIRouter(responses=_responses(422, 500))
+def the_inbox(request: Request) -> Inbox:
+    """The app's Inbox (set by create_app)."""
+    inbox: Inbox = request.app.state.inbox
+    return inbox
 
-    def approver(request: Request) -> Identity:
-        identity = gate.identity(request)
-        if identity is None:
-            raise ApiError(
-                401,
-                "unauthenticated",
-                "sign in: send Authorization: Bearer <your approver token>",
-                {"WWW-Authenticate": "Bearer"},
-            )
-        if (
-            request.method not in SAFE_METHODS
-            and identity.session is not None
-            and not same_secret(identity.session.csrf, request.headers.get("x-csrf-token"))
-        ):
-            raise ApiError(403, "csrf", "a cookie-authenticated POST needs the X-CSRF-Token header")
-        return identity
 
-    Who = Annotated[Identity, Depends(approver)]
-    guarded = _responses(401, 403, 422, 500)
+def approver(request: Request) -> Identity:
+    """The authenticated approver, or a 401; a cookie-authenticated POST needs its CSRF token."""
+    gate: Gate = request.app.state.gate
+    identity = gate.identity(request)
+    if identity is None:
+        raise ApiError(
+            401,
+            "unauthenticated",
+            "sign in: send Authorization: Bearer <your approver token>",
+            {"WWW-Authenticate": "Bearer"},
+        )
+    if (
+        request.method not in SAFE_METHODS
+        and identity.session is not None
+        and not same_secret(identity.session.csrf, request.headers.get("x-csrf-token"))
+    ):
+        raise ApiError(403, "csrf", "a cookie-authenticated POST needs the X-CSRF-Token header")
+    return identity
 
-    @api.get("/health", response_model=Health, responses=_responses(503))
-    def health() -> dict[str, Any]:
-        """Whether the web surface can read the ledger."""
-        try:
-            inbox.cursor()
-        except BrokerError as exc:
-            raise ApiError(503, "ledger_unavailable", str(exc)) from exc
-        return {"status": "ok"}
 
-    @api.get("/me", response_model=Me, responses=guarded)
-    def me(who: Who) -> dict[str, Any]:
-        """Who the token or session belongs to."""
-        return {"approver": who.approver}
+InboxDep = Annotated[Inbox, Depends(the_inbox)]
+Who = Annotated[Identity, Depends(approver)]
+GUARDED = _responses(401, 403, 422, 500)
+router = APIRouter(responses=_responses(422, 500))
 
-    @api.get("/pending", response_model=PendingList, responses=guarded)
-    def pending(who: Who) -> dict[str, Any]:
-        """The cards of every request waiting for a person, oldest first."""
-        cursor = inbox.cursor()
-        return {"cursor": cursor, "requests": inbox.pending()}
 
-    @api.get("/requests", response_model=RequestList, responses=guarded)
-    def requests(
-        who: Who,
-        status: Status | None = None,
-        effect: Annotated[str | None, Query(max_length=200)] = None,
-        sandbox: Annotated[str | None, Query(max_length=128)] = None,
-        limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    ) -> dict[str, Any]:
-        """Recent requests, newest first, filtered by status, effect and sandbox."""
-        cursor = inbox.cursor()
-        records = inbox.history(Filters(effect, sandbox, status), limit)
-        return {"cursor": cursor, "requests": [summary(r) for r in records]}
+@router.get("/health", response_model=Health, responses=_responses(503))
+def health(inbox: InboxDep) -> dict[str, Any]:
+    """Whether the web surface can read the ledger."""
+    try:
+        inbox.cursor()
+    except BrokerError as exc:
+        raise ApiError(503, "ledger_unavailable", str(exc)) from exc
+    return {"status": "ok"}
 
-    @api.get(
-        "/requests/{sandbox}/{request_id}",
-        response_model=Card,
-        responses={**guarded, **_responses(404)},
-    )
-    def show(sandbox: SandboxPath, request_id: IdPath, who: Who) -> dict[str, Any]:
-        """One request's card: the literal preview, flags, rule, deadline, on-timeout."""
-        try:
-            return inbox.card(sandbox, request_id)
-        except RequestNotFound as exc:
-            raise ApiError(404, "not_found", str(exc)) from exc
 
-    @api.post(
-        "/requests/{sandbox}/{request_id}/decision",
-        response_model=DecisionOut,
-        responses={**guarded, **_responses(404, 409)},
-    )
-    def decide(
-        sandbox: SandboxPath, request_id: IdPath, body: DecisionIn, who: Who
-    ) -> dict[str, Any]:
-        """Approve or deny, as the authenticated approver; 409 when the sha256 is stale."""
-        reason = body.reason.strip() if body.reason and body.reason.strip() else None
-        if body.verdict == "deny" and reason is None:
-            raise ApiError(422, "reason_required", "a denial needs a reason: the agent reads it")
-        try:
-            outcome = inbox.decide(
-                sandbox,
-                request_id,
-                body.verdict,
-                approver=who.approver,
-                reason=reason,
-                sha256=body.request_sha256,
-                surface=who.surface,
-            )
-            card = inbox.card(sandbox, request_id)
-        except RequestNotFound as exc:
-            raise ApiError(404, "not_found", str(exc)) from exc
-        except Refused as exc:
-            raise ApiError(409, exc.code, exc.message) from exc
-        return {
-            "settled": outcome.settled,
-            "approvals": outcome.approvals,
-            "needed": outcome.needed,
-            "request": card,
-        }
+@router.get("/me", response_model=Me, responses=GUARDED)
+def me(who: Who) -> dict[str, Any]:
+    """Who the token or session belongs to."""
+    return {"approver": who.approver}
 
-    @api.get("/changes", response_model=Changes, responses=guarded)
-    def changes(who: Who, since: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0) -> dict[str, Any]:
-        """A cheap poll: whether anything changed since the cursor you hold."""
-        cursor = inbox.cursor()
-        return {"cursor": cursor, "changed": cursor != since}
 
-    @api.get("/stats", response_model=Stats, responses=guarded)
-    def stats(
-        who: Who,
-        since: Annotated[
-            str | None, Query(max_length=32, description="a window such as 24h or 7d")
-        ] = None,
-    ) -> dict[str, Any]:
-        """Outcomes per effect, approval rate and time to decision (as `broker stats`)."""
-        return inbox.stats(window(since))
+@router.get("/pending", response_model=PendingList, responses=GUARDED)
+def pending(inbox: InboxDep, who: Who) -> dict[str, Any]:
+    """The cards of every request waiting for a person, oldest first."""
+    cursor = inbox.cursor()
+    return {"cursor": cursor, "requests": inbox.pending()}
 
-    return api
+
+@router.get("/requests", response_model=RequestList, responses=GUARDED)
+def requests(
+    inbox: InboxDep,
+    who: Who,
+    status: Status | None = None,
+    effect: Annotated[str | None, Query(max_length=200)] = None,
+    sandbox: Annotated[str | None, Query(max_length=128)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> dict[str, Any]:
+    """Recent requests, newest first, filtered by status, effect and sandbox."""
+    cursor = inbox.cursor()
+    records = inbox.history(Filters(effect, sandbox, status), limit)
+    return {"cursor": cursor, "requests": [summary(r) for r in records]}
+
+
+@router.get(
+    "/requests/{sandbox}/{request_id}",
+    response_model=Card,
+    responses={**GUARDED, **_responses(404)},
+)
+def show(sandbox: SandboxPath, request_id: IdPath, inbox: InboxDep, who: Who) -> dict[str, Any]:
+    """One request's card: the literal preview, flags, rule, deadline, on-timeout."""
+    try:
+        return inbox.card(sandbox, request_id)
+    except RequestNotFound as exc:
+        raise ApiError(404, "not_found", str(exc)) from exc
+
+
+@router.post(
+    "/requests/{sandbox}/{request_id}/decision",
+    response_model=DecisionOut,
+    responses={**GUARDED, **_responses(400, 404, 409, 413)},
+)
+def decide(
+    sandbox: SandboxPath, request_id: IdPath, body: DecisionIn, inbox: InboxDep, who: Who
+) -> dict[str, Any]:
+    """Approve or deny, as the authenticated approver; 409 when the sha256 is stale."""
+    reason = body.reason.strip() if body.reason and body.reason.strip() else None
+    if body.verdict == "deny" and reason is None:
+        raise ApiError(422, "reason_required", "a denial needs a reason: the agent reads it")
+    try:
+        outcome = inbox.decide(
+            sandbox,
+            request_id,
+            body.verdict,
+            approver=who.approver,
+            reason=reason,
+            sha256=body.request_sha256,
+            surface=who.surface,
+        )
+        card = inbox.card(sandbox, request_id)
+    except RequestNotFound as exc:
+        raise ApiError(404, "not_found", str(exc)) from exc
+    except Refused as exc:
+        raise ApiError(409, exc.code, exc.message) from exc
+    return {
+        "settled": outcome.settled,
+        "approvals": outcome.approvals,
+        "needed": outcome.needed,
+        "request": card,
+    }
+
+
+@router.get("/changes", response_model=Changes, responses=GUARDED)
+def changes(
+    inbox: InboxDep, who: Who, since: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0
+) -> dict[str, Any]:
+    """A cheap poll: whether anything changed since the cursor you hold."""
+    cursor = inbox.cursor()
+    return {"cursor": cursor, "changed": cursor != since}
+
+
+@router.get("/stats", response_model=Stats, responses=GUARDED)
+def stats(
+    inbox: InboxDep,
+    who: Who,
+    since: Annotated[
+        str | None, Query(max_length=32, description="a window such as 24h or 7d")
+    ] = None,
+) -> dict[str, Any]:
+    """Outcomes per effect, approval rate and time to decision (as `broker stats`)."""
+    return inbox.stats(window(since))
 
 
 def window(since: str | None) -> datetime | None:

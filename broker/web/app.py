@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -48,6 +49,7 @@ SECURITY_HEADERS = {
     "referrer-policy": "no-referrer",
     "cache-control": "no-store",
 }
+MAX_BODY = 64 * 1024  # a decision is a verdict, a reason and a hash
 WEB_KEYS = {"session_ttl", "tls_certfile", "tls_keyfile", "secure_cookie", "listen"}
 _CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
 
@@ -120,9 +122,12 @@ def create_app(
         redoc_url=None,
         lifespan=lifespan,
     )
-    app.include_router(api.router(inbox, gate), prefix="/api/v1")
-    web, renderer = pages.router(inbox, gate, secure_cookie=settings.secure_cookie)
-    app.include_router(web)
+    renderer = pages.Pages(inbox, gate, secure_cookie=settings.secure_cookie)
+    app.state.inbox = inbox
+    app.state.gate = gate
+    app.state.pages = renderer
+    app.include_router(api.router, prefix="/api/v1")
+    app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     _handle_errors(app, renderer)
     app.add_middleware(SecurityHeaders)
@@ -133,7 +138,9 @@ def _is_api(request: Request) -> bool:
     return request.url.path.startswith("/api/")
 
 
-def _json_error(status: int, code: str, message: str, headers: Mapping[str, str] | None = None) -> Response:
+def _json_error(
+    status: int, code: str, message: str, headers: Mapping[str, str] | None = None
+) -> Response:
     return JSONResponse(api.error_body(code, message), status_code=status, headers=headers)
 
 
@@ -148,7 +155,8 @@ def _handle_errors(app: FastAPI, renderer: pages.Pages) -> None:
         message = str(exc.detail)
         if _is_api(request):
             return _json_error(exc.status_code, code, message, exc.headers)
-        return renderer.error(request, exc.status_code, "Not here", message)
+        title = "Not here" if exc.status_code == 404 else "Not accepted"
+        return await run_in_threadpool(renderer.error, request, exc.status_code, title, message)
 
     async def invalid(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
@@ -159,7 +167,7 @@ def _handle_errors(app: FastAPI, renderer: pages.Pages) -> None:
         message = "; ".join(problems) or "the request is not valid"
         if _is_api(request):
             return _json_error(422, "invalid_request", message)
-        return renderer.error(request, 400, "Not understood", message)
+        return await run_in_threadpool(renderer.error, request, 400, "Not understood", message)
 
     async def broken(request: Request, exc: Exception) -> Response:
         response = _json_error(500, "internal", "the broker's web surface failed; see its log")
@@ -173,7 +181,8 @@ def _handle_errors(app: FastAPI, renderer: pages.Pages) -> None:
 
 
 class SecurityHeaders:
-    """Adds the CSP (no inline scripts) and its companions to every response."""
+    """Adds the CSP (no inline scripts) and its companions to every response, and
+    refuses request bodies over MAX_BODY (bodies are read before anyone is identified)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -182,6 +191,21 @@ class SecurityHeaders:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        length = dict(scope.get("headers", [])).get(b"content-length", b"0")
+        if not length.isdigit() or int(length) > MAX_BODY:
+            response = _json_error(413, "too_large", f"request bodies are at most {MAX_BODY} bytes")
+            response.headers.update(SECURITY_HEADERS)
+            await response(scope, receive, send)
+            return
+        seen = 0
+
+        async def receive_limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > MAX_BODY:
+                raise HTTPException(413, f"request bodies are at most {MAX_BODY} bytes")
+            return message
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -194,4 +218,4 @@ class SecurityHeaders:
                 message["headers"] = headers
             await send(message)
 
-        await self.app(scope, receive, send_with_headers)
+        await self.app(scope, receive_limited, send_with_headers)

@@ -12,7 +12,16 @@ import typer
 
 from broker.web.auth import APPROVER_NAME, config_lines, hash_token, new_token
 
-app = typer.Typer(help="The web inbox: approvers' tokens.", no_args_is_help=True)
+app = typer.Typer(
+    help="The web inbox (served by `broker serve --listen`): approvers' tokens.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+@app.callback()
+def web() -> None:
+    """Keeps `token` a subcommand when this app runs on its own."""
 
 
 @app.command("token")
@@ -26,9 +35,13 @@ def token(
         raise typer.Exit(2)
     secret = new_token()
     if json_out:
-        typer.echo(json.dumps({"approver": name, "token": secret, "token_sha256": hash_token(secret)}))
+        typer.echo(
+            json.dumps({"approver": name, "token": secret, "token_sha256": hash_token(secret)})
+        )
         return
     typer.echo(f"A new token for {name}; give it to them, it is shown only this once:\n")
     typer.echo(f"    {secret}\n")
-    typer.echo("Add these lines to broker.toml (only the hash is stored), then restart the broker:\n")
+    typer.echo(
+        "Add these lines to broker.toml (only the hash is stored), then restart the broker:\n"
+    )
     typer.echo(config_lines(name, secret))

@@ -186,7 +186,8 @@ def _why(ledger: Ledger, ref: str, approver: str, sha256: str) -> str:
     record = ledger.find(ref)
     if record.state != "pending":
         return "not_pending"
-    if not (record.sha256 or "").startswith(sha256.strip().lower()):
+    seen = sha256.strip().lower()
+    if len(seen) < 12 or not (record.sha256 or "").startswith(seen):
         return "stale"
     if any(d.approver == approver for d in ledger.decisions(*record.key)):
         return "already_decided"

@@ -10,20 +10,21 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import quote
 
-from fastapi import APIRouter, Form, Request
+from fastapi import APIRouter, Depends, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
 from broker.errors import RequestNotFound
-from broker.models import TERMINAL
 from broker.web import render
 from broker.web.auth import LOGIN_COOKIE, SESSION_COOKIE, Gate, Identity, same_secret
 from broker.web.inbox import STATES, Filters, Inbox, Refused
 
 TEMPLATES = Path(__file__).parent / "templates"
 DECIDED = tuple(s for s in STATES if s not in ("received", "pending"))
+FormText = Annotated[str, Form(max_length=4000)]
 DONE = {
     "approve": "Your approval is recorded.",
     "deny": "Your denial is recorded; the agent reads your reason.",
@@ -53,6 +54,7 @@ def environment() -> Environment:
         body_lines=render.body_lines,
         then=render.then,
         request_url=render.request_url,
+        yn=lambda flag: "?" if flag is None else ("yes" if flag else "no"),
     )
     return env
 
@@ -79,16 +81,21 @@ class Pages:
         request: Request,
         who: Identity | None,
         status: int = 200,
+        *,
+        live_url: str | None = None,
         **context: Any,
     ) -> HTMLResponse:
+        """Render `name`; `live_url` is where the page's script fetches fresh copies."""
         cursor = self.inbox.cursor() if who else 0  # read first: the page is at least this new
         waiting = self.inbox.waiting() if who else 0
+        here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         text = self.env.get_template(name).render(
             who=who,
             csrf=who.session.csrf if who and who.session else "",
             cursor=cursor,
             waiting=waiting,
             path=request.url.path,
+            live_url=live_url or here,
             **context,
         )
         return HTMLResponse(text, status_code=status)
@@ -103,8 +110,6 @@ class Pages:
 
     def to_login(self, request: Request) -> RedirectResponse:
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-        from urllib.parse import quote
-
         return RedirectResponse(f"/login?next={quote(target, safe='')}", status_code=303)
 
     def cookie(self, response: Response, name: str, value: str, max_age: int) -> None:
@@ -119,173 +124,184 @@ class Pages:
         )
 
 
-def router(inbox: Inbox, gate: Gate, *, secure_cookie: bool) -> tuple[APIRouter, Pages]:
-    """The HTML routes; also returns the renderer, for error pages."""
-    pages = Pages(inbox, gate, secure_cookie=secure_cookie)
-    web = APIRouter(include_in_schema=False)
-    FormText = Annotated[str, Form(max_length=4000)]
+def the_pages(request: Request) -> Pages:
+    """The app's page renderer (set by create_app)."""
+    pages: Pages = request.app.state.pages
+    return pages
 
-    @web.get("/login")
-    def login_form(request: Request, next: str = "/") -> Response:
-        if pages.signed_in(request):
-            return RedirectResponse(safe_next(next), status_code=303)
-        return _login_page(request, next, None, 200)
 
-    def _login_page(request: Request, target: str, problem: str | None, status: int) -> Response:
-        nonce = request.cookies.get(LOGIN_COOKIE) or secrets.token_urlsafe(32)
-        response = pages.html(
-            "login.html",
-            request,
-            None,
-            status,
-            nonce=nonce,
-            next=safe_next(target),
-            problem=problem,
-            nobody=not gate.approvers,
-        )
-        pages.cookie(response, LOGIN_COOKIE, nonce, 3600)
-        return response
+PagesDep = Annotated[Pages, Depends(the_pages)]
+router = APIRouter(include_in_schema=False)
 
-    @web.post("/login")
-    def login(
-        request: Request,
-        token: FormText = "",
-        csrf: FormText = "",
-        next: FormText = "/",
-    ) -> Response:
-        if not same_secret(request.cookies.get(LOGIN_COOKIE) or "", csrf):
-            return _login_page(
-                request, next, "This sign-in form expired; sign in again.", 403
-            )
-        name = gate.identify(token.strip()) if token.strip() else None
-        if name is None:
-            return _login_page(request, next, "That is not an approver's token.", 401)
-        sid, _ = gate.sessions.open(name)
-        response = RedirectResponse(safe_next(next), status_code=303)
-        pages.cookie(response, SESSION_COOKIE, sid, int(gate.sessions.ttl_s))
-        response.delete_cookie(LOGIN_COOKIE, path="/")
-        return response
 
-    @web.post("/logout")
-    def logout(request: Request, csrf: FormText = "") -> Response:
-        who = pages.signed_in(request)
-        if who is not None and who.session is not None:
-            if not same_secret(who.session.csrf, csrf):
-                return pages.error(request, 403, "Not signed out", "The form expired; try again.")
-            gate.sessions.close(request.cookies.get(SESSION_COOKIE, ""))
-        response = RedirectResponse("/login", status_code=303)
-        response.delete_cookie(SESSION_COOKIE, path="/")
-        return response
+def _login_page(
+    pages: Pages, request: Request, target: str, problem: str | None, status: int
+) -> Response:
+    nonce = request.cookies.get(LOGIN_COOKIE) or secrets.token_urlsafe(32)
+    response = pages.html(
+        "login.html",
+        request,
+        None,
+        status,
+        nonce=nonce,
+        next=safe_next(target),
+        problem=problem,
+        nobody=not pages.gate.approvers,
+    )
+    pages.cookie(response, LOGIN_COOKIE, nonce, 3600)
+    return response
 
-    @web.get("/")
-    def inbox_page(request: Request) -> Response:
-        who = pages.signed_in(request)
-        if who is None:
-            return pages.to_login(request)
-        return pages.html("inbox.html", request, who, cards=inbox.pending())
 
-    @web.get("/requests/{sandbox}/{request_id}")
-    def request_page(request: Request, sandbox: str, request_id: str, done: str = "") -> Response:
-        who = pages.signed_in(request)
-        if who is None:
-            return pages.to_login(request)
-        return _request_page(request, who, sandbox, request_id, DONE.get(done), None, 200)
+@router.get("/login")
+def login_form(request: Request, pages: PagesDep, next: str = "/") -> Response:
+    if pages.signed_in(request):
+        return RedirectResponse(safe_next(next), status_code=303)
+    return _login_page(pages, request, next, None, 200)
 
-    def _request_page(
-        request: Request,
-        who: Identity,
-        sandbox: str,
-        request_id: str,
-        notice: str | None,
-        problem: str | None,
-        status: int,
-    ) -> Response:
-        try:
-            card = inbox.card(sandbox, request_id)
-        except RequestNotFound as exc:
-            return pages.error(request, 404, "No such request", str(exc))
-        mine = next(
-            (d for d in _decisions(inbox, sandbox, request_id) if d == who.approver), None
-        )
-        return pages.html(
-            "request.html",
-            request,
-            who,
-            status,
-            card=card,
-            notice=notice,
-            problem=problem,
-            decided_by_me=mine is not None,
-            terminal=card["status"] in TERMINAL,
-        )
 
-    @web.post("/requests/{sandbox}/{request_id}/decision")
-    def decide(
-        request: Request,
-        sandbox: str,
-        request_id: str,
-        verdict: FormText = "",
-        reason: FormText = "",
-        request_sha256: FormText = "",
-        csrf: FormText = "",
-    ) -> Response:
-        who = pages.signed_in(request)
-        if who is None or who.session is None:
-            return pages.to_login(request)
+@router.post("/login")
+def login(
+    request: Request,
+    pages: PagesDep,
+    token: FormText = "",
+    csrf: FormText = "",
+    next: FormText = "/",
+) -> Response:
+    if not same_secret(request.cookies.get(LOGIN_COOKIE) or "", csrf):
+        return _login_page(pages, request, next, "This sign-in form expired; sign in again.", 403)
+    name = pages.gate.identify(token.strip()) if token.strip() else None
+    if name is None:
+        return _login_page(pages, request, next, "That is not an approver's token.", 401)
+    sid, _ = pages.gate.sessions.open(name)
+    response = RedirectResponse(safe_next(next), status_code=303)
+    pages.cookie(response, SESSION_COOKIE, sid, int(pages.gate.sessions.ttl_s))
+    response.delete_cookie(LOGIN_COOKIE, path="/", httponly=True, samesite="strict")
+    return response
+
+
+@router.post("/logout")
+def logout(request: Request, pages: PagesDep, csrf: FormText = "") -> Response:
+    who = pages.signed_in(request)
+    if who is not None and who.session is not None:
         if not same_secret(who.session.csrf, csrf):
-            return pages.error(
-                request, 403, "Not recorded", "The form expired (CSRF check); reload and decide again."
-            )
-        said = reason.strip() or None
-        problem = None
-        if verdict not in ("approve", "deny"):
-            problem = "Choose Approve or Deny."
-        elif verdict == "deny" and said is None:
-            problem = "A denial needs a reason: the agent reads it and should know what to do."
-        elif len(said or "") > 2000:
-            problem = "The reason is longer than 2,000 characters."
-        if problem is None:
-            try:
-                inbox.decide(
-                    sandbox,
-                    request_id,
-                    verdict,
-                    approver=who.approver,
-                    reason=said,
-                    sha256=request_sha256,
-                    surface="web",
-                )
-            except RequestNotFound as exc:
-                return pages.error(request, 404, "No such request", str(exc))
-            except Refused as exc:
-                return _request_page(request, who, sandbox, request_id, None, exc.message, 409)
-            url = render.request_url(sandbox, request_id) + f"?done={verdict}"
-            return RedirectResponse(url, status_code=303)
-        return _request_page(request, who, sandbox, request_id, None, problem, 422)
+            return pages.error(request, 403, "Not signed out", "The form expired; try again.")
+        pages.gate.sessions.close(request.cookies.get(SESSION_COOKIE, ""))
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict")
+    return response
 
-    @web.get("/history")
-    def history(
-        request: Request, effect: str = "", sandbox: str = "", outcome: str = ""
-    ) -> Response:
-        who = pages.signed_in(request)
-        if who is None:
-            return pages.to_login(request)
-        filters = Filters(effect or None, sandbox or None, outcome or None)
-        states = [outcome] if outcome else list(DECIDED)
-        records = inbox.history(filters, 200, states=states)
-        return pages.html(
-            "history.html",
-            request,
-            who,
-            records=records,
-            filters=filters,
-            effects=inbox.effects(),
-            outcomes=DECIDED,
+
+@router.get("/")
+def waiting(request: Request, pages: PagesDep) -> Response:
+    who = pages.signed_in(request)
+    if who is None:
+        return pages.to_login(request)
+    return pages.html("inbox.html", request, who, cards=pages.inbox.pending())
+
+
+@router.get("/requests/{sandbox}/{request_id}")
+def request_page(
+    request: Request, pages: PagesDep, sandbox: str, request_id: str, done: str = ""
+) -> Response:
+    who = pages.signed_in(request)
+    if who is None:
+        return pages.to_login(request)
+    return _request_page(pages, request, who, sandbox, request_id, DONE.get(done), None, 200)
+
+
+def _request_page(
+    pages: Pages,
+    request: Request,
+    who: Identity,
+    sandbox: str,
+    request_id: str,
+    notice: str | None,
+    problem: str | None,
+    status: int,
+) -> Response:
+    try:
+        card = pages.inbox.card(sandbox, request_id)
+    except RequestNotFound as exc:
+        return pages.error(request, 404, "No such request", str(exc))
+    return pages.html(
+        "request.html",
+        request,
+        who,
+        status,
+        live_url=render.request_url(sandbox, request_id),
+        card=card,
+        notice=notice,
+        problem=problem,
+        decided_by_me=who.approver in _deciders(pages.inbox, sandbox, request_id),
+    )
+
+
+@router.post("/requests/{sandbox}/{request_id}/decision")
+def decide(
+    request: Request,
+    pages: PagesDep,
+    sandbox: str,
+    request_id: str,
+    verdict: FormText = "",
+    reason: FormText = "",
+    request_sha256: FormText = "",
+    csrf: FormText = "",
+) -> Response:
+    who = pages.signed_in(request)
+    if who is None or who.session is None:
+        return pages.to_login(request)
+    if not same_secret(who.session.csrf, csrf):
+        return pages.error(
+            request, 403, "Not recorded", "The form expired (CSRF check); reload and decide again."
         )
+    said = reason.strip() or None
+    problem = None
+    if verdict not in ("approve", "deny"):
+        problem = "Choose Approve or Deny."
+    elif verdict == "deny" and said is None:
+        problem = "A denial needs a reason: the agent reads it and should know what to do."
+    elif len(said or "") > 2000:
+        problem = "The reason is longer than 2,000 characters."
+    if problem is not None:
+        return _request_page(pages, request, who, sandbox, request_id, None, problem, 422)
+    try:
+        pages.inbox.decide(
+            sandbox,
+            request_id,
+            verdict,
+            approver=who.approver,
+            reason=said,
+            sha256=request_sha256,
+            surface="web",
+        )
+    except RequestNotFound as exc:
+        return pages.error(request, 404, "No such request", str(exc))
+    except Refused as exc:
+        return _request_page(pages, request, who, sandbox, request_id, None, exc.message, 409)
+    url = render.request_url(sandbox, request_id) + f"?done={verdict}"
+    return RedirectResponse(url, status_code=303)
 
-    return web, pages
+
+@router.get("/history")
+def history(
+    request: Request, pages: PagesDep, effect: str = "", sandbox: str = "", outcome: str = ""
+) -> Response:
+    who = pages.signed_in(request)
+    if who is None:
+        return pages.to_login(request)
+    filters = Filters(effect or None, sandbox or None, outcome or None)
+    records = pages.inbox.history(filters, 200, states=DECIDED)
+    return pages.html(
+        "history.html",
+        request,
+        who,
+        records=records,
+        filters=filters,
+        effects=pages.inbox.effects(),
+        outcomes=DECIDED,
+    )
 
 
-def _decisions(inbox: Inbox, sandbox: str, request_id: str) -> list[str]:
+def _deciders(inbox: Inbox, sandbox: str, request_id: str) -> list[str]:
     with inbox.ledger() as ledger:
         return [d.approver for d in ledger.decisions(sandbox, request_id)]

@@ -18,7 +18,7 @@ import threading
 import time
 
 import uvicorn
-from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from broker.config import Config
 from broker.errors import ConfigError
@@ -62,7 +62,7 @@ def check_listen(host: str, *, tls: bool, insecure: bool) -> None:
 class WebServer:
     """uvicorn in a daemon thread: start(host, port) returns once it accepts connections."""
 
-    def __init__(self, app: FastAPI, settings: WebSettings | None = None) -> None:
+    def __init__(self, app: ASGIApp, settings: WebSettings | None = None) -> None:
         self.app = app
         self.settings = settings or WebSettings()
         self._server: uvicorn.Server | None = None
@@ -132,5 +132,5 @@ def start_web(
     check_listen(host, tls=settings.tls, insecure=insecure)
     app = create_app(config, registry)
     server = WebServer(app, settings).start(host, port)
-    log.info("web inbox on %s", server.url)
+    log.debug("web inbox on %s", server.url)
     return server

@@ -1,0 +1,167 @@
+"""Fixtures for the web inbox: a real broker per test, and its web app served by one
+real uvicorn on 127.0.0.1 for the whole session (each test plugs in its own app)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from starlette.types import Receive, Scope, Send
+
+from broker.testing import BrokerHarness, FakeHandler
+from broker.web.app import create_app
+from broker.web.auth import hash_token
+from broker.web.server import WebServer
+
+TOKENS = {"alice": "bkr_alice-token-for-tests", "bob": "bkr_bob-token-for-tests"}
+RECORD_REASON = "a person looks at every record first"
+FILES_REASON = "files leave the sandbox: a person reads them first"
+POLICY = f"""
+[[rules]]
+effect = "test.record"
+action = "approve"
+timeout = "1h"
+on_timeout = "deny"
+reason = "{RECORD_REASON}"
+
+[[rules]]
+effect = "test.quorum"
+action = "approve"
+approvals = 2
+reason = "two people look at this one"
+
+[[rules]]
+effect = "files.write"
+action = "approve"
+timeout = "30m"
+reason = "{FILES_REASON}"
+"""
+
+
+class Switch:
+    """An ASGI app forwarding to the current test's app; each test closes its own."""
+
+    def __init__(self) -> None:
+        self.app: FastAPI | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                kind = message["type"].removeprefix("lifespan.")
+                await send({"type": f"lifespan.{kind}.complete"})
+                if kind == "shutdown":
+                    return
+        assert self.app is not None, "no app plugged in"
+        await self.app(scope, receive, send)
+
+
+@dataclass
+class Web:
+    """A broker serving one attach-mode outbox, and its web inbox on 127.0.0.1."""
+
+    harness: BrokerHarness
+    url: str
+    clients: list[httpx.Client] = field(default_factory=list)
+
+    def client(self, approver: str | None = "alice") -> httpx.Client:
+        """An API client; with a bearer token unless approver is None."""
+        headers = {"Authorization": f"Bearer {TOKENS[approver]}"} if approver else {}
+        client = httpx.Client(base_url=self.url, headers=headers, timeout=10)
+        self.clients.append(client)
+        return client
+
+    def browser(self, approver: str = "alice") -> httpx.Client:
+        """A client signed in through the login form, holding a session cookie."""
+        client = self.client(None)
+        form = client.get("/login")
+        response = client.post(
+            "/login",
+            data={"token": TOKENS[approver], "csrf": csrf_of(form.text), "next": "/"},
+        )
+        assert response.status_code == 303, response.text
+        return client
+
+    def gated(self, effect: str = "test.record", **fields: Any) -> dict[str, Any]:
+        """Submit a request the policy sends to people; return its pending result."""
+        params = fields.pop("params", {"value": "hello"})
+        doc = self.harness.request(effect, params, **fields)
+        result = self.harness.submit(doc, terminal=False)
+        assert result["status"] == "pending", result
+        return result
+
+
+def csrf_of(html: str) -> str:
+    """The CSRF token in a page's first form."""
+    match = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert match, "no CSRF field on the page"
+    return match.group(1)
+
+
+def app_for(h: BrokerHarness) -> FastAPI:
+    """The web app over `h`'s state dir, with alice and bob as approvers."""
+    config = replace(
+        h.config,
+        approvers={name: {"token_sha256": hash_token(t)} for name, t in TOKENS.items()},
+    )
+    return create_app(config, h.registry)
+
+
+@pytest.fixture(scope="session")
+def served() -> Iterator[tuple[Switch, WebServer]]:
+    """One uvicorn on 127.0.0.1 for the session; tests plug their app into the switch."""
+    switch = Switch()
+    server = WebServer(switch).start("127.0.0.1", 0)
+    yield switch, server
+    server.stop()
+
+
+@pytest.fixture
+def exports(tmp_path: Path) -> Path:
+    """An export root for files.write holding notes.txt."""
+    root = tmp_path / "exports"
+    root.mkdir()
+    (root / "notes.txt").write_text("line one\nline two\nline three\n", encoding="utf-8")
+    return root
+
+
+def _harness(tmp_path: Path, exports: Path) -> BrokerHarness:
+    return BrokerHarness(
+        tmp_path / "h",
+        handlers=[FakeHandler("test.record"), FakeHandler("test.quorum")],
+        policy=POLICY,
+        integrations={"files": {"root": str(exports)}},
+    )
+
+
+def _plugged(h: BrokerHarness, served: tuple[Switch, WebServer]) -> Iterator[Web]:
+    switch, server = served
+    app = app_for(h)
+    switch.app = app
+    running = Web(h, server.url)
+    try:
+        yield running
+    finally:
+        for client in running.clients:
+            client.close()
+        switch.app = None
+        app.state.inbox.close()
+
+
+@pytest.fixture
+def web(tmp_path: Path, exports: Path, served: tuple[Switch, WebServer]) -> Iterator[Web]:
+    """A running broker with gated effects, and its web inbox."""
+    with _harness(tmp_path, exports) as h:
+        yield from _plugged(h, served)
+
+
+@pytest.fixture
+def idle(tmp_path: Path, exports: Path, served: tuple[Switch, WebServer]) -> Iterator[Web]:
+    """The web inbox over a state dir no broker serves: for what needs no request."""
+    yield from _plugged(_harness(tmp_path, exports), served)
