@@ -31,7 +31,7 @@ from broker.config import Config
 from broker.errors import EffectFailed, Outcome, Rejected
 from broker.intake import Kind
 from broker.ledger import Ledger, Record
-from broker.models import Request, iso, now, parse_iso
+from broker.models import Request, iso, now, parse_iso, sha256_hex
 from broker.notify import Notifier
 from broker.outbox import Outbox, Watcher, discover, from_layout
 from broker.policy import Policy
@@ -53,6 +53,7 @@ FAULT_POINTS = (
     "after_result",  # one result renamed into place
     "before_audit",  # about to append the wake-up's audit events
     "after_audit",
+    "before_apply",  # the handler is about to be called (start marked, if needed)
     "after_apply",  # the handler returned: the service accepted the call
 )
 
@@ -85,6 +86,7 @@ class _Batch:
     answer: list[Record] = field(default_factory=list)
     apply: list[Record] = field(default_factory=list)
     deadlines: list[Record] = field(default_factory=list)
+    settled: list[Record] = field(default_factory=list)  # done applying: drop start marks
 
 
 class Broker:
@@ -118,6 +120,7 @@ class Broker:
         self._roots: list[Path] = []
         self._claim_counter = 0
         self._bad_names: set[tuple[str, str]] = set()
+        self.started = StartMarks(config.state_dir / "started")
         self.on_change: list[Callable[[Record], None]] = []
         self.notifier: Notifier | None = None
 
@@ -331,6 +334,8 @@ class Broker:
         _fault("before_audit")
         self._flush_audit()
         _fault("after_audit")
+        for record in batch.settled:
+            self.started.clear(record)
         for record in batch.deadlines:
             if record.expires_at:
                 heapq.heappush(self._deadlines, (record.expires_at, record.sandbox, record.id))
@@ -484,8 +489,6 @@ class Broker:
 
     def _store(self, data: bytes) -> str:
         """Write bytes to <state>/attachments/<sha256>, durably, once."""
-        from broker.models import sha256_hex
-
         digest = sha256_hex(data)
         folder = self.config.state_dir / "attachments"
         target = folder / digest
@@ -522,7 +525,6 @@ class Broker:
         received: str,
         batch: _Batch,
     ) -> None:
-        from broker.models import sha256_hex
 
         existing = self.ledger.get(box.sandbox, rid)
         if existing is not None:
@@ -707,7 +709,11 @@ class Broker:
         try:
             handler = self.registry.get(record.effect or "")
             params = record.envelope["params"]
-            output = handler.apply(params, self._context(record))
+            ctx = self._context(record)
+            if not _idempotent(handler, record, self.config):
+                self.started.mark(record)
+            _fault("before_apply")
+            output = handler.apply(params, ctx)
             _fault("after_apply")
             if not isinstance(output, dict):
                 raise TypeError(
@@ -737,6 +743,7 @@ class Broker:
         record = self.ledger.get(*key)
         if record is None or record.state != "applying":
             return
+        batch.settled.append(record)
         if status == "applied" and reason is None:
             reason = record.reason or "applied"
         record = self.ledger.update(
@@ -828,7 +835,11 @@ class Broker:
                     else None
                 )
                 if record.state == "approved" or (
-                    handler is not None and _idempotent(handler, record, self.config)
+                    handler is not None
+                    and (
+                        _idempotent(handler, record, self.config)
+                        or not self.started.seen(record)  # its handler was never called
+                    )
                 ):
                     if record.state == "approved":
                         record = self.ledger.update(record, state="applying")
@@ -847,6 +858,7 @@ class Broker:
                 )
                 self._audit("unknown", record, reason=record.reason)
                 batch.answer.append(record)
+                batch.settled.append(record)
             self._reload(batch)
             self._missing_results(batch)
             for record in self.ledger.in_states(["pending"]):
@@ -968,6 +980,52 @@ def context_for(config: Config, record: Record) -> Context:
         secret=secret,
         attachment=attachment,
     )
+
+
+class StartMarks:
+    """Durable marks that a non-idempotent handler was called, one file per request.
+
+    `applying` is committed before a handler runs, but a crash can come before the call
+    as well as after it. The mark, fsynced before the call, tells the two apart on
+    restart: no mark, the effect never started and is applied; a mark, a person must
+    reconcile it. A mark that cannot be written stops the apply (fail closed).
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def _path(self, record: Record) -> Path:
+        return self.folder / sha256_hex(f"{record.sandbox}/{record.id}".encode())
+
+    def mark(self, record: Record) -> None:
+        try:
+            self.folder.mkdir(mode=0o700, exist_ok=True)
+            fd = os.open(self._path(record), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            dir_fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:
+            raise EffectFailed(
+                "failed: the broker could not record that the effect was starting "
+                f"({exc.strerror}); it was not applied; try again later"
+            ) from exc
+
+    def seen(self, record: Record) -> bool:
+        return self._path(record).exists()
+
+    def clear(self, record: Record) -> None:
+        try:
+            self._path(record).unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("cannot remove the start mark of %s/%s: %s", record.sandbox, record.id, exc)
 
 
 class _Denied(Outcome):

@@ -19,6 +19,7 @@ from jsonschema import Draft202012Validator
 from broker import audit
 from broker.ledger import Ledger
 from broker.models import iso, now, parse_iso
+from broker.pipeline import StartMarks
 from broker.testing import BrokerHarness, FakeHandler
 from broker.validation import load_schema
 
@@ -44,15 +45,18 @@ def restart(h: BrokerHarness) -> None:
     time.sleep(SETTLE_S)
 
 
-def set_state(h: BrokerHarness, request_id: str, **changes: Any) -> None:
-    """Edit a request's ledger row while the broker is stopped (a simulated crash)."""
+def set_state(h: BrokerHarness, request_id: str, *, started: bool = True, **changes: Any) -> None:
+    """Edit a request's ledger row while the broker is stopped (a simulated crash);
+    `applying` comes with the mark that its handler was called, unless `started=False`."""
     ledger = Ledger(h.config.ledger_path)
     try:
         record = ledger.get(h.sandbox, request_id)
         assert record is not None
-        ledger.update(record, **changes)
+        record = ledger.update(record, **changes)
     finally:
         ledger.close()
+    if changes.get("state") == "applying" and started:
+        StartMarks(h.state / "started").mark(record)
 
 
 def claim_dir(h: BrokerHarness) -> Path:
@@ -297,6 +301,27 @@ def test_replay_waiting_on_a_pending_request_survives_a_restart(
         assert_audit_sound(h, {first["id"], second["id"]})
     finally:
         h.stop()
+
+
+def test_applying_non_idempotent_effect_never_started_is_applied_once(
+    broker: BrokerHarness, once: FakeHandler
+) -> None:
+    """A crash after `applying` was committed but before the handler was called: no start
+    mark, so the effect is applied (once) instead of ending `unknown`."""
+    h = broker
+    doc = h.request("test.once", {"value": "mail"})
+    assert h.submit(doc, terminal=False)["status"] == "pending"
+    h.stop()
+    set_state(
+        h, doc["id"], started=False, state="applying", decided_by="ops", decided_at=iso(now())
+    )
+
+    restart(h)
+    result = checked(h.wait(doc["id"], timeout=5))
+    assert result["status"] == "applied"
+    assert once.applied == [{"value": "mail"}]
+    assert not any((h.state / "started").iterdir())
+    assert_audit_sound(h, {doc["id"]})
 
 
 def test_every_request_ends_once_across_restarts(

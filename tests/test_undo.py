@@ -10,6 +10,7 @@ from typing import Any
 from broker import audit
 from broker.ledger import Ledger
 from broker.models import Preview
+from broker.pipeline import StartMarks
 from broker.testing import BrokerHarness, FakeHandler
 from effects.base import Context
 
@@ -93,8 +94,9 @@ def _unknown_request(tmp_path: Path) -> tuple[BrokerHarness, str]:
     with ledger.transaction():
         record = ledger.get("default", result["id"])
         assert record is not None
-        ledger.update(record, state="applying", completed_at=None, reason=None)
+        record = ledger.update(record, state="applying", completed_at=None, reason=None)
     ledger.close()
+    StartMarks(h.state / "started").mark(record)  # its handler had been called
     (h.results / f"{result['id']}.json").unlink()
     with h:
         after = h.wait(result["id"])
