@@ -1,0 +1,366 @@
+"""python -m bench [--quick] [--profile] [--skip SECTION ...] [--dir DIR] [--keep]
+
+Prints one table (each figure the median over repeated runs, min–max in brackets,
+and each broker figure as a ratio to the raw baseline measured in the same run) and
+writes it, with every run's numbers and the file-system probes, to
+bench/results/<date>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench import cases, fsprobe
+from bench.stats import Figure, ratio
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SECTIONS = ("baseline", "broker", "many", "sandbox", "idle", "start", "peers")
+
+
+class Run:
+    """Everything measured in one invocation, by row label."""
+
+    def __init__(self) -> None:
+        self.samples: dict[str, list[dict[str, Any]]] = {}
+        self.probes: list[dict[str, Any]] = []
+        self.notes: list[str] = []
+
+    def add(self, label: str, sample: dict[str, Any]) -> None:
+        self.samples.setdefault(label, []).append(sample)
+
+    def figure(self, label: str, key: str) -> Figure:
+        return Figure(tuple(s[key] for s in self.samples.get(label, []) if key in s))
+
+
+def _probe(run: Run, cells: cases.Cells, when: str) -> None:
+    found = fsprobe.probe(cells.base / "probes")
+    run.probes.append({"when": when, **found})
+
+
+def measure(args: argparse.Namespace, cells: cases.Cells, run: Run) -> None:
+    """Sequential cells first, then bursts: a broker's burst removes thousands of files,
+    which slows this file system down for minutes (see fsprobe); every cell records a
+    probe taken just before it."""
+    plan = cases.QUICK if args.quick else cases.Plan()
+    if args.quick:
+        cases.BUDGET.update(seq_s=3.0, burst_s=8.0)
+    want = set(SECTIONS) - set(args.skip)
+    _probe(run, cells, "start")
+
+    def cell(label: str, measure: Callable[..., dict[str, Any]], *args: Any, **kw: Any) -> None:
+        probe = fsprobe.probe(cells.base / "probes")
+        run.add(label, {**measure(cells, *args, **kw), "probe": probe})
+
+    def server_cells(seq: int, burst: int, many_seq: int) -> None:
+        if "baseline" in want or "broker" in want:
+            cell("raw", cases.raw, seq, burst)
+            cell("raw+fsync", cases.raw, seq, burst, fsync=True)
+        if "broker" in want:
+            for effect in ("bench.noop", "files.write"):
+                cell(f"broker {effect}", cases.broker, effect, 1, seq, burst)
+        if "many" in want:
+            for count in plan.outbox_counts[1:]:
+                cell(
+                    f"broker bench.noop ×{count}",
+                    cases.broker,
+                    "bench.noop",
+                    count,
+                    many_seq,
+                    burst,
+                )
+
+    for r in range(plan.repeats):
+        server_cells(plan.seq_n, 0, plan.many_seq_n)
+        print(f"bench: sequential {r + 1}/{plan.repeats} done", file=sys.stderr, flush=True)
+    for r in range(plan.burst_repeats):
+        server_cells(0, plan.burst_n, 0)
+        print(f"bench: burst {r + 1}/{plan.burst_repeats} done", file=sys.stderr, flush=True)
+
+    if "sandbox" in want or "start" in want:
+        why = cases.docker_ready()
+        if why:
+            run.notes.append(f"sandbox and start sections skipped: {why}")
+            want -= {"sandbox", "start"}
+    if "sandbox" in want:
+        n, b = plan.sandbox_seq_n, plan.sandbox_burst_n
+        for _ in range(plan.sandbox_repeats):
+            cell("sandbox raw", cases.sandbox_raw, n, b)
+            for effect in ("bench.noop", "files.write"):
+                cell(f"sandbox {effect}", cases.sandbox_broker, effect, n, b)
+        print("bench: sandbox done", file=sys.stderr, flush=True)
+    if "idle" in want:
+        for count, found in cases.idle(cells, plan.idle_counts, plan.idle_window_s).items():
+            run.add(f"idle ×{count}", found)
+        print("bench: idle done", file=sys.stderr, flush=True)
+    if "start" in want:
+        times = cases.start_times(cells, plan.start_repeats)
+        for docker_s, broker_s in zip(times["docker"], times["broker"], strict=True):
+            run.add("start", {"docker_s": docker_s, "broker_s": broker_s})
+    if "peers" in want:
+        for kind in ("poll", "watchfiles"):
+            cell(kind, cases.peer, kind, plan.peer_seq_n, plan.peer_burst_n)
+    _probe(run, cells, "end")
+
+
+# -- the table ------------------------------------------------------------------
+
+LATENCY_ROWS = [
+    ("1. baseline", "raw", "raw inotify round trip", "raw"),
+    ("1. baseline", "raw+fsync", "raw + fsync of each result (reference)", "raw"),
+    ("2. broker", "broker bench.noop", "broker, bench.noop, 1 outbox (attach)", "raw"),
+    ("2. broker", "broker files.write", "broker, files.write, 1 outbox (attach)", "raw"),
+    ("2. broker", "broker bench.noop ×100", "broker, bench.noop, 100 outboxes (root)", "raw"),
+    ("2. broker", "broker bench.noop ×1000", "broker, bench.noop, 1,000 outboxes (root)", "raw"),
+    ("3. sandbox", "sandbox raw", "raw watcher, writer in a container", "sandbox raw"),
+    (
+        "3. sandbox",
+        "sandbox bench.noop",
+        "broker run, bench.noop, writer in container",
+        "sandbox raw",
+    ),
+    (
+        "3. sandbox",
+        "sandbox files.write",
+        "broker run, files.write, writer in container",
+        "sandbox raw",
+    ),
+    ("6. peers", "poll", "polling loop, scan every 1 s", "raw"),
+    ("6. peers", "watchfiles", "watchfiles, default settings", "raw"),
+]
+
+
+def _ratio(value: Figure, base: Figure) -> str:
+    r = ratio(value, base)
+    return "" if r != r else f"{r:.2f}×"
+
+
+def _probes(run: Run, key: str) -> str:
+    found = [s["probe"] for s in run.samples.get(key, []) if "probe" in s]
+    if not found:
+        return ""
+    create = Figure(tuple(p["create_p50_us"] for p in found)).median
+    sync = Figure(tuple(p["fsync_p50_us"] for p in found)).median
+    return f"{create:.0f}/{sync:.0f}"
+
+
+def table(run: Run) -> tuple[str, list[dict[str, Any]]]:
+    lines = []
+    rows: list[dict[str, Any]] = []
+    head = (
+        f"{'':<46} {'p50 ms':>20} {'p99 ms':>21} {'burst req/s':>22}"
+        f" {'p50':>7} {'p99':>7} {'rate':>7}  {'fs probe':>9}"
+    )
+    lines.append(head)
+    lines.append(
+        f"{'':<46} {'(median, min–max over runs)':>64} {'ratio to its baseline':>23}"
+        f"  {'create/fsync µs':>15}"
+    )
+    section = ""
+    for sec, key, text, base_key in LATENCY_ROWS:
+        if key not in run.samples:
+            continue
+        if sec != section:
+            lines.append(sec)
+            section = sec
+        p50, p99, rate = (run.figure(key, k) for k in ("p50_ms", "p99_ms", "rate"))
+        b50, b99, brate = (run.figure(base_key, k) for k in ("p50_ms", "p99_ms", "rate"))
+        own = key == base_key
+        lines.append(
+            f"  {text:<44} {p50.show(1, 3):>20} {p99.show(1, 3):>21} {rate.show(1, 0):>22}"
+            f" {'' if own else _ratio(p50, b50):>7} {'' if own else _ratio(p99, b99):>7}"
+            f" {'' if own else _ratio(rate, brate):>7}  {_probes(run, key):>15}"
+        )
+        hwm = run.figure(key, "VmHWM")
+        rows.append(
+            {
+                "section": sec,
+                "row": text,
+                "key": key,
+                "baseline": base_key,
+                "p50_ms": p50.to_json(),
+                "p99_ms": p99.to_json(),
+                "rate": rate.to_json(),
+                "peak_rss_mib": hwm.to_json(),
+                "ratio": {
+                    "p50": ratio(p50, b50),
+                    "p99": ratio(p99, b99),
+                    "rate": ratio(rate, brate),
+                },
+            }
+        )
+    mem = [
+        (text, run.figure(key, "VmHWM"))
+        for _, key, text, _ in LATENCY_ROWS
+        if key.startswith("broker") and key in run.samples
+    ]
+    if mem:
+        lines.append(
+            "   peak RSS of the broker after its burst (MiB): "
+            + "; ".join(f"{t.split(', ', 1)[-1]} {f.show(1, 0)}" for t, f in mem)
+        )
+    cpu_rows = [
+        (text, run.figure(key, "burst_cpu_us"))
+        for _, key, text, _ in LATENCY_ROWS
+        if key in run.samples and run.figure(key, "burst_cpu_us").runs
+    ]
+    if cpu_rows:
+        lines.append(
+            "   server CPU per request in the burst (µs): "
+            + "; ".join(f"{t} {f.show(1, 0)}" for t, f in cpu_rows)
+        )
+    idle = [k for k in run.samples if k.startswith("idle")]
+    if idle:
+        lines.append("4. idle (broker process, root mode)")
+        for key in idle:
+            cpu, rss = run.figure(key, "cpu_s_per_min"), run.figure(key, "VmRSS")
+            window = run.samples[key][0]["window_s"]
+            text = f"{key.split('×')[1]} idle outboxes"
+            lines.append(
+                f"  {text:<44} CPU {cpu.show(1, 3)} s/min (over {window:.0f} s), "
+                f"RSS {rss.show(1, 1)} MiB"
+            )
+            rows.append(
+                {
+                    "section": "4. idle",
+                    "row": text,
+                    "cpu_s_per_min": cpu.to_json(),
+                    "rss_mib": rss.to_json(),
+                    "window_s": window,
+                }
+            )
+    if "start" in run.samples:
+        docker, ours = run.figure("start", "docker_s"), run.figure("start", "broker_s")
+        lines.append("5. sandbox start")
+        lines.append(f"  {'docker run --rm --network none IMAGE true':<44} {docker.show(1, 3)} s")
+        lines.append(f"  {'broker run -- true':<44} {ours.show(1, 3)} s   {_ratio(ours, docker)}")
+        rows.append(
+            {
+                "section": "5. start",
+                "docker_s": docker.to_json(),
+                "broker_s": ours.to_json(),
+                "ratio": ratio(ours, docker),
+            }
+        )
+    lines.append(
+        "file-system probe (µs per small-file create p50/p99, per fsync p50; load average): "
+        + "; ".join(
+            f"{p['when']} {p['create_p50_us']:.0f}/{p['create_p99_us']:.0f}, "
+            f"{p['fsync_p50_us']:.0f}; load {p['loadavg_1m']:.1f}"
+            for p in run.probes
+        )
+    )
+    return "\n".join(lines), rows
+
+
+def targets(run: Run) -> list[dict[str, Any]]:
+    found = []
+
+    def check(name: str, value: float, limit: float, ok: bool) -> None:
+        if value == value:
+            found.append({"target": name, "value": value, "limit": limit, "met": ok})
+
+    raw = {k: run.figure("raw", k) for k in ("p50_ms", "p99_ms", "rate")}
+    for key in ("broker bench.noop", "broker files.write"):
+        r50 = ratio(run.figure(key, "p50_ms"), raw["p50_ms"])
+        r99 = ratio(run.figure(key, "p99_ms"), raw["p99_ms"])
+        check(f"{key}: sequential p50 ≤ 2× raw", r50, 2.0, r50 <= 2.0)
+        check(f"{key}: sequential p99 ≤ 2.5× raw", r99, 2.5, r99 <= 2.5)
+    for key in ("broker bench.noop", "broker bench.noop ×1000"):
+        rr = ratio(run.figure(key, "rate"), raw["rate"])
+        check(f"{key}: burst ≥ 0.8× raw", rr, 0.8, rr >= 0.8)
+    idle = run.figure("idle ×1000", "cpu_s_per_min")
+    check("idle ×1000: < 0.1 CPU-s/min", idle.median, 0.1, idle.median < 0.1)
+    start = ratio(run.figure("start", "broker_s"), run.figure("start", "docker_s"))
+    check("broker run start ≤ 1.2× docker run", start, 1.2, start <= 1.2)
+    return found
+
+
+def _git() -> dict[str, Any]:
+    def out(*argv: str) -> str:
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, check=False).stdout
+        except OSError:
+            return ""
+
+    return {
+        "commit": out("git", "rev-parse", "HEAD").strip(),
+        "dirty": sorted(
+            line[3:] for line in out("git", "status", "--porcelain").splitlines() if line
+        ),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a ~1-minute run with fewer samples")
+    parser.add_argument("--profile", action="store_true", help="profile the broker instead")
+    parser.add_argument("--skip", nargs="*", default=[], choices=SECTIONS, metavar="SECTION")
+    parser.add_argument("--dir", type=Path, help="where the run's files go (default: /tmp)")
+    parser.add_argument("--keep", action="store_true", help="leave the run's files behind")
+    parser.add_argument("--out", type=Path, help="the results JSON (default: bench/results/)")
+    args = parser.parse_args(argv)
+
+    base = Path(tempfile.mkdtemp(prefix="broker-bench-", dir=args.dir))
+    cells = cases.Cells(base)
+    started = time.monotonic()
+    try:
+        if args.profile:
+            from bench import profile
+
+            profile.run(cells, RESULTS / "profiles", quick=args.quick)
+            return 0
+        run = Run()
+        measure(args, cells, run)
+    finally:
+        if not args.keep:
+            shutil.rmtree(base, ignore_errors=True)
+    text, rows = table(run)
+    met = targets(run)
+    stamp = dt.datetime.now(dt.UTC)
+    print()
+    print(text)
+    print("targets:")
+    for t in met:
+        print(f"  {'met ' if t['met'] else 'MISSED'}  {t['target']}: {t['value']:.3g}")
+    for note in run.notes:
+        print(f"note: {note}")
+    elapsed = time.monotonic() - started
+    print(f"({elapsed:.0f} s; {'quick' if args.quick else 'full'} plan)")
+    report = {
+        "date": stamp.isoformat(timespec="seconds"),
+        "plan": "quick" if args.quick else "full",
+        "seconds": elapsed,
+        "git": _git(),
+        "host": {
+            "cpus": os.cpu_count(),
+            "kernel": platform.release(),
+            "python": platform.python_version(),
+        },
+        "probes": run.probes,
+        "table": text,
+        "rows": rows,
+        "targets": met,
+        "samples": run.samples,
+        "notes": run.notes,
+    }
+    out = args.out or RESULTS / f"{stamp:%Y-%m-%dT%H%M%S}{'-quick' if args.quick else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+    print(f"results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

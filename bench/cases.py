@@ -1,0 +1,309 @@
+"""One function per kind of measurement; each starts its own server in fresh dirs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import procs, writer
+from bench.stats import percentile
+
+SANDBOX_UID = 10001
+IMAGE = "broker-sandbox:py"
+# a slow server gets fewer sequential samples, not a longer run, and its burst rate
+# counts the results seen by the cap (`python -m bench --quick` halves both)
+BUDGET = {"seq_s": 6.0, "burst_s": 15.0}
+
+
+@dataclass
+class Plan:
+    """How much of everything: `--quick` shrinks it."""
+
+    repeats: int = 3  # runs of each sequential cell; the table shows their median
+    burst_repeats: int = 2
+    seq_n: int = 1000
+    burst_n: int = 10_000
+    many_seq_n: int = 500
+    sandbox_repeats: int = 2
+    sandbox_seq_n: int = 300
+    sandbox_burst_n: int = 2000
+    idle_window_s: float = 30.0  # holds exactly one of the broker's 30 s rescans
+    start_repeats: int = 5
+    peer_seq_n: int = 10
+    peer_burst_n: int = 1000
+    outbox_counts: tuple[int, ...] = (1, 100, 1000)
+    idle_counts: tuple[int, ...] = (0, 100, 1000)
+
+
+QUICK = Plan(
+    repeats=2,
+    burst_repeats=1,
+    seq_n=200,
+    burst_n=1000,
+    many_seq_n=100,
+    sandbox_repeats=1,
+    sandbox_seq_n=100,
+    sandbox_burst_n=300,
+    idle_window_s=10.0,
+    start_repeats=2,
+    peer_seq_n=4,
+    peer_burst_n=300,
+)
+
+
+@dataclass
+class Cells:
+    """A fresh directory per measured cell, under one base dir per run."""
+
+    base: Path
+    count: int = 0
+    made: list[Path] = field(default_factory=list)
+
+    def new(self, label: str) -> Path:
+        self.count += 1
+        cell = self.base / f"{self.count:03d}-{label}"
+        cell.mkdir(parents=True)
+        self.made.append(cell)
+        return cell
+
+
+def _doc(effect: str) -> writer.Doc:
+    return writer._effect_doc(effect)
+
+
+def _seq_figures(latencies: list[float]) -> dict[str, float]:
+    return {
+        "p50_ms": percentile(latencies, 50) * 1e3,
+        "p99_ms": percentile(latencies, 99) * 1e3,
+        "n": len(latencies),
+    }
+
+
+def _exercise(
+    boxes: list[tuple[str, str]],
+    effect: str,
+    cell: Path,
+    seq_n: int,
+    burst_n: int,
+    server: procs.Server | None = None,
+    warm: int = 30,
+) -> dict[str, Any]:
+    doc = _doc(effect)
+    out: dict[str, Any] = {}
+    if warm:
+        writer.sequential(boxes, warm, doc, "w")
+    cpu = server.cpu_seconds if server is not None else (lambda: float("nan"))
+    if seq_n:
+        before = cpu()
+        latencies = writer.sequential(boxes, seq_n, doc, "s", budget=BUDGET["seq_s"])
+        out.update(_seq_figures(latencies))
+        out["seq_cpu_us"] = (cpu() - before) / len(latencies) * 1e6
+    if burst_n:
+        before = cpu()
+        out["burst"] = writer.burst(
+            boxes, burst_n, doc, "b", str(cell / "staging"), timeout=BUDGET["burst_s"]
+        )
+        out["rate"] = out["burst"]["rate"]
+        # CPU the server spent per answered request (a capped run counts what it answered)
+        out["burst_cpu_us"] = (cpu() - before) / max(1, out["burst"]["done"]) * 1e6
+    if server is not None:
+        out.update(server.memory())
+    return out
+
+
+def raw(cells: Cells, seq_n: int, burst_n: int, *, fsync: bool = False) -> dict[str, Any]:
+    cell = cells.new("raw-fsync" if fsync else "raw")
+    outbox, results = cell / "outbox", cell / "results"
+    outbox.mkdir()
+    results.mkdir()
+    with procs.raw(outbox, results, cell / "server.log", fsync=fsync) as server:
+        return _exercise([(str(outbox), str(results))], "bench.noop", cell, seq_n, burst_n, server)
+
+
+def _layout(cell: Path, boxes: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """The broker's dirs: attach mode for one outbox, root mode for several."""
+    state, exports = cell / "state", cell / "exports"
+    state.mkdir()
+    exports.mkdir()
+    spec: dict[str, Any] = {"state": str(state), "exports": str(exports)}
+    if boxes == 1:
+        outbox, results = cell / "outbox", cell / "results"
+        outbox.mkdir()
+        results.mkdir()
+        spec["attach"] = [str(outbox), str(results)]
+        return spec, [(str(outbox), str(results))]
+    root = state / "sandboxes"
+    pairs = []
+    for i in range(boxes):
+        base = root / f"sb-{i:04d}"
+        (base / "outbox").mkdir(parents=True)
+        (base / "results").mkdir()
+        pairs.append((str(base / "outbox"), str(base / "results")))
+    spec["root"] = str(root)
+    return spec, pairs
+
+
+def broker(
+    cells: Cells,
+    effect: str,
+    boxes: int,
+    seq_n: int,
+    burst_n: int,
+    *,
+    around: Callable[[procs.Server, Callable[[], dict[str, Any]]], dict[str, Any]] | None = None,
+    cprofile: Path | None = None,
+) -> dict[str, Any]:
+    cell = cells.new(f"broker-{effect}-{boxes}")
+    spec, pairs = _layout(cell, boxes)
+    if cprofile is not None:
+        spec["cprofile"] = str(cprofile)
+    with procs.broker(spec, cell / "server.log") as server:
+        if around is None:
+            return _exercise(pairs, effect, cell, seq_n, burst_n, server)
+        return around(server, lambda: _exercise(pairs, effect, cell, seq_n, burst_n, server))
+
+
+def peer(cells: Cells, kind: str, seq_n: int, burst_n: int) -> dict[str, Any]:
+    cell = cells.new(kind)
+    outbox, results = cell / "outbox", cell / "results"
+    outbox.mkdir()
+    results.mkdir()
+    with procs.peer(kind, outbox, results, cell / "server.log") as server:
+        return _exercise(
+            [(str(outbox), str(results))], "bench.noop", cell, seq_n, burst_n, server, warm=2
+        )
+
+
+def idle(cells: Cells, counts: tuple[int, ...], window: float) -> dict[int, dict[str, float]]:
+    """CPU seconds per minute and RSS of brokers serving idle outboxes, side by side."""
+    servers: dict[int, procs.Server] = {}
+    try:
+        for count in counts:
+            cell = cells.new(f"idle-{count}")
+            spec, _ = _layout(cell, max(count, 2))
+            if count == 0:
+                shutil.rmtree(Path(spec["root"]))
+                Path(spec["root"]).mkdir()
+            servers[count] = procs.broker(spec, cell / "server.log")
+        time.sleep(2.0)  # start-up work done
+        before = {c: s.cpu_seconds() for c, s in servers.items()}
+        time.sleep(window)
+        out = {}
+        for count, server in servers.items():
+            used = server.cpu_seconds() - before[count]
+            out[count] = {
+                "cpu_s_per_min": used * 60.0 / window,
+                "window_s": window,
+                **server.memory(),
+            }
+        return out
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+# -- Docker -----------------------------------------------------------------------
+
+
+def docker_ready() -> str | None:
+    """None when the engine answers and the agent image exists, else why not."""
+    try:
+        subprocess.run(["docker", "info"], capture_output=True, check=True, timeout=20)
+        subprocess.run(
+            ["docker", "image", "inspect", IMAGE], capture_output=True, check=True, timeout=20
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"docker or the image {IMAGE} is not available ({exc}); run `make image`"
+    return None
+
+
+def _workspace(cell: Path) -> Path:
+    ws = cell / "workspace"
+    ws.mkdir()
+    shutil.copy(Path(writer.__file__), ws / "writer.py")
+    os.chown(ws, SANDBOX_UID, SANDBOX_UID)
+    return ws
+
+
+def sandbox_raw(cells: Cells, seq_n: int, burst_n: int) -> dict[str, Any]:
+    """The raw watcher on the host, the writer in a bare container through bind mounts."""
+    cell = cells.new("sandbox-raw")
+    outbox, results = cell / "outbox", cell / "results"
+    outbox.mkdir()
+    results.mkdir()
+    os.chown(outbox, SANDBOX_UID, SANDBOX_UID)
+    ws = _workspace(cell)
+    with procs.raw(outbox, results, cell / "server.log"):
+        subprocess.run(
+            [
+                "docker", "run", "--rm", "--network", "none",
+                "--user", f"{SANDBOX_UID}:{SANDBOX_UID}",
+                "-v", f"{outbox}:/outbox", "-v", f"{results}:/results:ro",
+                "-v", f"{ws}:/workspace", IMAGE,
+                "python3", "/workspace/writer.py", "/outbox", "/results",
+                str(seq_n), str(burst_n), "bench.noop", "/workspace/out.json",
+            ],
+            check=True, capture_output=True, timeout=600,
+        )  # fmt: skip
+    return _container_report(ws)
+
+
+def sandbox_broker(cells: Cells, effect: str, seq_n: int, burst_n: int) -> dict[str, Any]:
+    """`broker run` (broker.runner.run, with bench.noop registered) serving a container."""
+    cell = cells.new(f"sandbox-{effect}")
+    ws = _workspace(cell)
+    (cell / "state").mkdir()
+    (cell / "exports").mkdir()
+    spec = {"state": str(cell / "state"), "exports": str(cell / "exports"), "workspace": str(ws)}
+    command = [
+        "python3", "/workspace/writer.py", "/outbox", "/results",
+        str(seq_n), str(burst_n), effect, "/workspace/out.json",
+    ]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.sandbox_run", json.dumps(spec), *command],
+        cwd=procs.ROOT,
+        env={**os.environ, "PYTHONPATH": str(procs.ROOT)},
+        capture_output=True,
+        timeout=600,
+    )
+    (cell / "run.log").write_bytes(done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise RuntimeError(f"broker run failed ({done.returncode}); see {cell / 'run.log'}")
+    return _container_report(ws)
+
+
+def _container_report(ws: Path) -> dict[str, Any]:
+    report = json.loads((ws / "out.json").read_text())
+    out: dict[str, Any] = _seq_figures(report["sequential"])
+    if "burst" in report:
+        out["burst"] = report["burst"]
+        out["rate"] = report["burst"]["rate"]
+    return out
+
+
+def start_times(cells: Cells, repeats: int) -> dict[str, list[float]]:
+    """`broker run -- true` end to end against a bare `docker run --rm`."""
+    cell = cells.new("start")
+    state = cell / "state"
+    state.mkdir()
+    config = cell / "broker.toml"
+    config.write_text(f'[broker]\nstate_dir = "{state}"\n')
+    broker_cli = str(Path(sys.executable).parent / "broker")
+    bare = ["docker", "run", "--rm", "--network", "none", IMAGE, "true"]
+    ours = [broker_cli, "run", "--config", str(config), "--", "true"]
+    times: dict[str, list[float]] = {"docker": [], "broker": []}
+    subprocess.run(bare, check=True, capture_output=True)  # warm the engine's caches
+    for _ in range(repeats):
+        for key, argv in (("docker", bare), ("broker", ours)):
+            start = time.perf_counter()
+            subprocess.run(argv, check=True, capture_output=True, stdin=subprocess.DEVNULL)
+            times[key].append(time.perf_counter() - start)
+    return times
