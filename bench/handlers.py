@@ -20,6 +20,7 @@ class Noop:
     name = "bench.noop"
     reversible = True
     idempotent = True
+    inline = True  # returns at once: applied in the request's own commit
     undo = "nothing to undo: the effect does nothing"
     schema = NOOP_SCHEMA
 

@@ -94,17 +94,31 @@ class AuditLog:
             except (ValueError, KeyError, TypeError) as exc:
                 raise AuditError(f"{self.path}: the last line is not an audit event") from exc
 
-    def append(self, events: list[tuple[int, dict[str, Any]]]) -> int:
-        """Append queued events not yet in the log; fsync once; return the last seq.
+    def append(self, events: list[tuple[int, dict[str, Any]]], *, sync: bool = True) -> int:
+        """Append queued events not yet in the log; return the last seq.
 
         Several processes may append (the broker, a CLI decision): under a lock, the
-        head is read again so the chain never forks.
+        head is read again so the chain never forks. With `sync=False` the caller
+        fsyncs later (`sync()`), and keeps the events queued in the ledger until then.
         """
         with self._locked():
             self.last_seq, self.head = self._recover_tail()
-            return self._append(events)
+            return self._append(events, sync)
 
-    def _append(self, events: list[tuple[int, dict[str, Any]]]) -> int:
+    def sync(self) -> None:
+        """Make what was appended durable."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            raise AuditError(f"{self.path}: cannot sync: {exc.strerror}") from exc
+        finally:
+            os.close(fd)
+
+    def _append(self, events: list[tuple[int, dict[str, Any]]], sync: bool) -> int:
         lines: list[bytes] = []
         head, last = self.head, self.last_seq
         for seq, event in events:
@@ -123,7 +137,8 @@ class AuditLog:
                 written = os.write(fd, data)
                 while written < len(data):
                     written += os.write(fd, data[written:])
-                os.fsync(fd)
+                if sync:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
         except OSError as exc:

@@ -53,6 +53,8 @@ CREATE INDEX IF NOT EXISTS requests_idem ON requests (sandbox, idempotency_key)
 CREATE INDEX IF NOT EXISTS requests_state ON requests (state);
 CREATE INDEX IF NOT EXISTS requests_unsynced ON requests (synced) WHERE synced = 0;
 CREATE INDEX IF NOT EXISTS requests_id ON requests (id);
+CREATE INDEX IF NOT EXISTS requests_replays ON requests (sandbox, replay_of)
+    WHERE replay_of IS NOT NULL;
 CREATE TABLE IF NOT EXISTS decisions (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     sandbox TEXT NOT NULL,
@@ -424,8 +426,10 @@ class Ledger:
     def queue_audit(self, event: dict[str, Any]) -> None:
         self._exec("INSERT INTO audit_queue (event) VALUES (?)", (_dump(event),))
 
-    def audit_backlog(self) -> list[tuple[int, dict[str, Any]]]:
-        rows = self._exec("SELECT seq, event FROM audit_queue ORDER BY seq").fetchall()
+    def audit_backlog(self, after: int = 0) -> list[tuple[int, dict[str, Any]]]:
+        rows = self._exec(
+            "SELECT seq, event FROM audit_queue WHERE seq > ? ORDER BY seq", (after,)
+        ).fetchall()
         return [(int(r[0]), json.loads(r[1])) for r in rows]
 
     def drop_audit(self, upto: int, head: str) -> None:

@@ -41,6 +41,8 @@ from effects.base import Context
 
 log = logging.getLogger("broker")
 REDACTED = "•••"
+AUDIT_SYNC_S = 1.0  # the audit log is fsynced at most this often; the ledger holds the rest
+MAX_BATCH = 256  # events taken per wake-up: results stream out during a burst
 
 
 FAULT_POINTS = (
@@ -115,6 +117,9 @@ class Broker:
         self._deadlines: list[tuple[str, str, str]] = []
         self._synced: list[tuple[str, str, str]] = []
         self._audit_done: tuple[int, str] | None = None
+        self._audit_appended = 0  # the last event appended to the log (maybe not fsynced)
+        self._audit_synced = 0
+        self._audit_synced_at = 0.0
         self._secrets = sorted(config.secret_values(), key=len, reverse=True)
         self._watcher: Watcher | None = None
         self._roots: list[Path] = []
@@ -192,6 +197,8 @@ class Broker:
             while not stop.is_set():
                 timeout = min(0.5, max(0.0, next_rescan - time.monotonic()), self._until_deadline())
                 items = self._take(timeout)
+                if not items:
+                    self._sync_audit()  # idle: make the audit log durable now
                 if time.monotonic() >= next_rescan:
                     items.append(("rescan",))
                     next_rescan = time.monotonic() + self.config.rescan_interval_s
@@ -227,7 +234,10 @@ class Broker:
             self._watcher = None
         self._pool.shutdown(wait=True)
         # applies that finished during shutdown are recorded before we go
-        self.step(self._take(0))
+        while items := self._take(0):
+            self.step(items)
+        self._sync_audit()
+        self.step([])  # the ledger learns what is durable in the log and results
         for box in self.outboxes.values():
             box.close()
         if self.notifier is not None:
@@ -242,11 +252,12 @@ class Broker:
             )
         except queue.Empty:
             return items
-        while True:
+        while len(items) < MAX_BATCH:
             try:
                 items.append(self.events.get_nowait())
             except queue.Empty:
-                return items
+                break
+        return items
 
     def _until_deadline(self) -> float:
         if not self._deadlines:
@@ -621,7 +632,13 @@ class Broker:
             )
             self._audit("decided", record, action="auto", rule=verdict.rule, by="policy")
             self._audit("applying", record)
-            batch.apply.append(record)
+            if getattr(handler, "inline", False) and _idempotent(handler, record, self.config):
+                # fast and safe to repeat: applied in this request's own commit (a crash
+                # before it commits reads the claimed file again and applies it again)
+                self._in_flight.add(record.key)
+                self._finish(("done", record.key, *self._call(record)), batch)
+            else:
+                batch.apply.append(record)
             return
         if self.ledger.count_waiting(record.sandbox) >= self.config.limits.max_pending_per_sandbox:
             raise _Denied(
@@ -706,6 +723,10 @@ class Broker:
 
     def _run_handler(self, record: Record) -> None:
         """On a worker: call the handler; the outcome goes back through the queue."""
+        self.events.put(("done", record.key, *self._call(record)))
+
+    def _call(self, record: Record) -> tuple[str, str | None, Any, list[dict[str, str]]]:
+        """Apply one request: (status, reason, output, issues); never raises."""
         try:
             handler = self.registry.get(record.effect or "")
             params = record.envelope["params"]
@@ -719,22 +740,17 @@ class Broker:
                 raise TypeError(
                     f"{handler.name}.apply returned {type(output).__name__}, not a dict"
                 )
-            self.events.put(("done", record.key, "applied", None, output, []))
+            return "applied", None, output, []
         except Outcome as exc:
-            issues = [i.to_json() for i in getattr(exc, "issues", ())]
-            self.events.put(("done", record.key, exc.status, exc.reason, None, issues))
+            return exc.status, exc.reason, None, [i.to_json() for i in getattr(exc, "issues", ())]
         except Exception:
             log.exception("handler for %s/%s raised", record.sandbox, record.id)
-            self.events.put(
-                (
-                    "done",
-                    record.key,
-                    "failed",
-                    f"failed: the {record.effect} handler broke on the host; the effect may "
-                    "not have happened; ask the operator to check the broker's log",
-                    None,
-                    [],
-                )
+            return (
+                "failed",
+                f"failed: the {record.effect} handler broke on the host; the effect may "
+                "not have happened; ask the operator to check the broker's log",
+                None,
+                [],
             )
 
     def _finish(self, item: tuple[Any, ...], batch: _Batch) -> None:
@@ -759,8 +775,8 @@ class Broker:
         self._settle_replays(record, batch)
 
     def _settle_replays(self, record: Record, batch: _Batch) -> None:
-        if not record.terminal:
-            return
+        if not record.terminal or record.idempotency_key is None:
+            return  # only a request with a key can have replays waiting on it
         for replay in self.ledger.replays_of(record):
             replay = self.ledger.update(
                 replay, **_outcome_fields(self._copy_outcome(replay, record))
@@ -936,10 +952,23 @@ class Broker:
             self._audit_done = None
 
     def _flush_audit(self) -> None:
-        backlog = self.ledger.audit_backlog()
+        """Append new events now; fsync (and let the ledger forget them) once a second.
+
+        Events stay queued in the ledger until the log holding them is fsynced, so a
+        crash before the sync loses none: they are appended again at start.
+        """
+        backlog = self.ledger.audit_backlog(after=self._audit_appended)
         if backlog:
-            last = self.audit.append(backlog)
-            self._audit_done = (last, self.audit.head)
+            self._audit_appended = self.audit.append(backlog, sync=False)
+        if time.monotonic() - self._audit_synced_at >= AUDIT_SYNC_S:
+            self._sync_audit()
+
+    def _sync_audit(self) -> None:
+        if self._audit_appended > self._audit_synced:
+            self.audit.sync()
+            self._audit_synced = self._audit_appended
+            self._audit_done = (self._audit_appended, self.audit.head)
+        self._audit_synced_at = time.monotonic()
 
     def _audit(self, kind: str, record: Record, **extra: Any) -> None:
         self.ledger.queue_audit(self._redact(audit_event(kind, record, **extra)))

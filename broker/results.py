@@ -16,7 +16,7 @@ _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC | o
 
 
 def render(result: Result) -> bytes:
-    return json.dumps(result.to_json(), ensure_ascii=False, indent=2).encode("utf-8") + b"\n"
+    return json.dumps(result.to_json(), ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
 
 
 def write(dir_fd: int, result: Result) -> None:

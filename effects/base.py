@@ -12,6 +12,8 @@ A handler is an object with:
   raises ConfigError naming the key at fault.
 - `check(params, ctx)`: optional checks schema cannot express; raises InvalidParams.
 - `reversible_for(params, ctx)`: this request's reversibility (default: `reversible`).
+- `inline` (optional, default False): `apply` returns in microseconds and is
+  idempotent, so the broker may call it on its own loop, inside the request's commit.
 - `idempotent_for(params, ctx)`: may this request be applied again after a crash
   mid-apply? (default: `idempotent`; a GET can say yes where POST cannot).
 - `preview(params, ctx) -> Preview`: the literal artefact a person must see.

@@ -1,0 +1,47 @@
+"""Inline handlers: fast, idempotent effects applied in the request's own commit."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from broker import audit
+from broker.testing import BrokerHarness, FakeHandler
+from effects.base import Context
+
+
+class InlineHandler(FakeHandler):
+    """Records the thread it ran on; declares itself inline."""
+
+    inline = True
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.threads: list[str] = []
+
+    def apply(self, params: Any, ctx: Context) -> dict[str, Any]:
+        self.threads.append(threading.current_thread().name)
+        return super().apply(params, ctx)
+
+
+def test_inline_handler_is_applied_on_the_loop(tmp_path: Path) -> None:
+    """An inline handler runs on the broker's loop, not the pool, and the agent reads
+    `applied`; the audit log tells the same story as for any other auto request."""
+    handler = InlineHandler("test.inline")
+    with BrokerHarness(tmp_path / "h", handlers=[handler], builtins=False) as h:
+        result = h.submit(h.request("test.inline", {"value": 7}))
+    assert result["status"] == "applied" and result["output"]["value"] == 7
+    assert handler.threads == ["broker-harness"]
+    events = [e["event"] for _, e, _ in audit.read_events(h.config.audit_path) if e]
+    assert events == ["received", "decided", "applying", "applied"]
+    assert audit.verify(h.config.audit_path)[1] is None
+
+
+def test_non_idempotent_handler_is_never_inline(tmp_path: Path) -> None:
+    """`inline` is ignored for a handler that is not idempotent: it runs on the pool."""
+    handler = InlineHandler("test.inline")
+    handler.idempotent = False
+    with BrokerHarness(tmp_path / "h", handlers=[handler], builtins=False) as h:
+        assert h.submit(h.request("test.inline", {"value": 1}))["status"] == "applied"
+    assert handler.threads[0].startswith("broker-apply")
