@@ -17,6 +17,7 @@ import queue
 import shutil
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ log = logging.getLogger("broker")
 REDACTED = "•••"
 AUDIT_SYNC_S = 1.0  # the audit log is fsynced at most this often; the ledger holds the rest
 MAX_BATCH = 256  # events taken per wake-up: results stream out during a burst
+PURGE_PER_IDLE = 2000  # consumed files removed per idle moment (unlinks slow later creates)
 
 
 FAULT_POINTS = (
@@ -89,6 +91,7 @@ class _Batch:
     apply: list[Record] = field(default_factory=list)
     deadlines: list[Record] = field(default_factory=list)
     settled: list[Record] = field(default_factory=list)  # done applying: drop start marks
+    urgent: set[str] = field(default_factory=set)  # claimed names to remove at once
 
 
 class Broker:
@@ -126,6 +129,7 @@ class Broker:
         self._claim_counter = 0
         self._bad_names: set[tuple[str, str]] = set()
         self.started = StartMarks(config.state_dir / "started")
+        self._consumed: deque[tuple[Outbox, str]] = deque()
         self.on_change: list[Callable[[Record], None]] = []
         self.notifier: Notifier | None = None
 
@@ -199,6 +203,7 @@ class Broker:
                 items = self._take(timeout)
                 if not items:
                     self._sync_audit()  # idle: make the audit log durable now
+                    self._purge(PURGE_PER_IDLE)
                 if time.monotonic() >= next_rescan:
                     items.append(("rescan",))
                     next_rescan = time.monotonic() + self.config.rescan_interval_s
@@ -236,6 +241,7 @@ class Broker:
         # applies that finished during shutdown are recorded before we go
         while items := self._take(0):
             self.step(items)
+        self._purge(len(self._consumed))
         self._sync_audit()
         self.step([])  # the ledger learns what is durable in the log and results
         for box in self.outboxes.values():
@@ -338,7 +344,10 @@ class Broker:
 
     def _after_commit(self, batch: _Batch) -> None:
         for box, name, is_claim in batch.remove:
-            self._remove(box, name, is_claim)
+            if is_claim and name not in batch.urgent:
+                self._consumed.append((box, name))  # removed when idle: unlinks are slow
+            else:
+                self._remove(box, name, is_claim)
         _fault("before_results")
         for record in batch.answer:
             self._answer(record)
@@ -418,6 +427,7 @@ class Broker:
             batch.remove.pop()
             return
         except Rejected as exc:
+            batch.urgent.add(where)  # a hostile file (a hard link…) goes at once
             rid = doc.get("id") if isinstance(doc, dict) else None
             if not isinstance(rid, str) or not intake.REQUEST_ID.fullmatch(rid):
                 rid = stem
@@ -536,8 +546,9 @@ class Broker:
         received: str,
         batch: _Batch,
     ) -> None:
-
         existing = self.ledger.get(box.sandbox, rid)
+        if existing is not None and existing.sha256 == (sha256_hex(raw) if raw else None):
+            return  # the same bytes again: a consumed file read once more after a restart
         if existing is not None:
             log.warning(
                 "sandbox %s: %s reused id %r; the first request's result stands",
@@ -906,6 +917,13 @@ class Broker:
                 batch.answer.append(record)
 
     # -- after the commit --------------------------------------------------------
+
+    def _purge(self, limit: int) -> None:
+        """Remove consumed request files from the claim dirs, a few at a time."""
+        for _ in range(min(limit, len(self._consumed))):
+            box, name = self._consumed.popleft()
+            if box.claim_fd >= 0:
+                self._remove(box, name, True)
 
     def _remove(self, box: Outbox, name: str, is_claim: bool) -> None:
         _fault("before_remove")

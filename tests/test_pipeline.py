@@ -397,7 +397,12 @@ def test_request_file_is_consumed_once_recorded(start: Start, fake: FakeHandler)
     assert checked(h.wait(good["id"]))["status"] == "applied"
     assert checked(h.wait("broken"))["status"] == "invalid"
     assert not list(h.outbox.iterdir())
-    assert not list((h.state / "claimed" / h.sandbox).iterdir())
+    # the broker's private claim dir is emptied once the broker is idle
+    claimed = h.state / "claimed" / h.sandbox
+    deadline = time.monotonic() + 5
+    while list(claimed.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not list(claimed.iterdir())
     with_ids = {e["id"] for e in events(h) if e["event"] == "received"}
     assert {good["id"], "broken"} <= with_ids
 
