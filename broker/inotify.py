@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import logging
 import os
 import select
 import struct
@@ -32,6 +33,7 @@ IN_NONBLOCK = 0o4000
 IN_CLOEXEC = 0o2000000
 
 FILE_EVENTS = IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE
+log = logging.getLogger("broker.inotify")
 _HEADER = struct.Struct("iIII")
 _libc: ctypes.CDLL | None = None
 
@@ -112,7 +114,18 @@ class Inotify:
         os.close(self._wake_r)
         os.close(self._wake_w)
 
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # the broker sees a dead watcher and replaces it
+            if not self._stopped:
+                log.warning("the inotify watcher failed (%s); events may be lost", exc)
+                self._sink("", "", IN_Q_OVERFLOW)
+
+    def _loop(self) -> None:
         poller = select.poll()
         poller.register(self._fd, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)

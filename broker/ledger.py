@@ -211,20 +211,31 @@ class Ledger:
                 finally:
                     self._depth -= 1
                 return
-            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise LedgerError(f"{self.path}: cannot start a transaction: {exc}") from exc
             self._depth = 1
             try:
                 yield
             except BaseException:
                 self._depth = 0
-                self._db.execute("ROLLBACK")
+                self._rollback()
                 raise
             self._depth = 0
             try:
                 self._db.execute("COMMIT")
             except sqlite3.Error as exc:
+                self._rollback()
+                raise LedgerError(f"{self.path}: cannot commit: {exc}") from exc
+
+    def _rollback(self) -> None:
+        """Undo the open transaction, if SQLite has not already (it has, on a full disk)."""
+        if self._db.in_transaction:
+            try:
                 self._db.execute("ROLLBACK")
-                raise LedgerError(f"cannot commit to the ledger: {exc}") from exc
+            except sqlite3.Error:
+                pass
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:

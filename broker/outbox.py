@@ -134,6 +134,12 @@ class Watcher:
             except OSError as exc:  # a sandbox dir removed meanwhile: the rescan settles it
                 log.warning("%s", exc)
 
+    def alive(self) -> bool:
+        """False once the watching thread died: the broker replaces the watcher."""
+        if self._native is not None:
+            return self._native.alive()
+        return True
+
     def stop(self) -> None:
         if self._native is not None:
             self._native.close()

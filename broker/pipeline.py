@@ -10,11 +10,14 @@ commit. Handlers run on a small pool; their outcomes come back through the queue
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import heapq
 import logging
 import os
 import queue
 import shutil
+import stat
 import threading
 import time
 from collections import deque
@@ -130,6 +133,8 @@ class Broker:
         self._bad_names: set[tuple[str, str]] = set()
         self.started = StartMarks(config.state_dir / "started")
         self._consumed: deque[tuple[Outbox, str]] = deque()
+        self._backlog: dict[str, deque[str]] = {}  # outbox dir -> names to read, in order
+        self._queued: set[tuple[str, str]] = set()
         self.on_change: list[Callable[[Record], None]] = []
         self.notifier: Notifier | None = None
 
@@ -193,7 +198,9 @@ class Broker:
         self.recover()
         self._watcher = Watcher(self.events)
         self._rewatch()
-        self.rescan()
+        # now that every watch is in place: read what is there and reload decisions
+        # taken while we started (their nudges may have come before the watches)
+        self.events.put(("rescan",))
         if ready:
             ready()
         next_rescan = time.monotonic() + self.config.rescan_interval_s
@@ -201,6 +208,8 @@ class Broker:
             while not stop.is_set():
                 timeout = min(0.5, max(0.0, next_rescan - time.monotonic()), self._until_deadline())
                 items = self._take(timeout)
+                if self._watcher is not None and not self._watcher.alive():
+                    items.append(self._replace_watcher())
                 if not items:
                     self._sync_audit()  # idle: make the audit log durable now
                     self._purge(PURGE_PER_IDLE)
@@ -213,6 +222,19 @@ class Broker:
         finally:
             self.close()
 
+    def _replace_watcher(self) -> tuple[str]:
+        """The watcher died: start a new one and rescan what it may have missed."""
+        log.warning("restarting the outbox watcher and rescanning")
+        old = self._watcher
+        self._watcher = Watcher(self.events)
+        self._rewatch()
+        if old is not None:
+            try:
+                old.stop()
+            except OSError:
+                pass
+        return ("rescan",)
+
     def drain(self, timeout: float = 30.0) -> None:
         """Process what is in the outboxes and wait for applies in flight."""
         end = time.monotonic() + timeout
@@ -220,8 +242,14 @@ class Broker:
         while time.monotonic() < end:
             items = self._take(0.05)
             self.step(items)
-            if not self._in_flight and self.events.empty() and not self._pending_files():
+            if (
+                not self._in_flight
+                and self.events.empty()
+                and not self._backlog
+                and not self._pending_files()
+            ):
                 break
+        self._purge(len(self._consumed))
 
     def _pending_files(self) -> bool:
         for box in self.outboxes.values():
@@ -251,18 +279,40 @@ class Broker:
         self.ledger.close()
 
     def _take(self, timeout: float) -> list[tuple[Any, ...]]:
+        """What one wake-up handles: every control event, and up to MAX_BATCH files
+        taken round-robin across outboxes, so that a flooding sandbox cannot make the
+        others wait behind its backlog."""
         items: list[tuple[Any, ...]] = []
+        if self._backlog:
+            timeout = 0
         try:
-            items.append(
-                self.events.get(timeout=timeout) if timeout > 0 else self.events.get_nowait()
-            )
+            first = self.events.get(timeout=timeout) if timeout > 0 else self.events.get_nowait()
         except queue.Empty:
-            return items
-        while len(items) < MAX_BATCH:
+            first = None
+        while first is not None:
+            if first[0] == "file":
+                key = (first[1], first[2])
+                if key not in self._queued:
+                    self._queued.add(key)
+                    self._backlog.setdefault(first[1], deque()).append(first[2])
+            else:
+                items.append(first)
             try:
-                items.append(self.events.get_nowait())
+                first = self.events.get_nowait()
             except queue.Empty:
-                break
+                first = None
+        taken = 0
+        while self._backlog and taken < MAX_BATCH:
+            for folder in list(self._backlog):
+                names = self._backlog[folder]
+                name = names.popleft()
+                self._queued.discard((folder, name))
+                items.append(("file", folder, name))
+                taken += 1
+                if not names:
+                    del self._backlog[folder]
+                if taken >= MAX_BATCH:
+                    break
         return items
 
     def _until_deadline(self) -> float:
@@ -373,6 +423,8 @@ class Broker:
                     self._bad_names.add((box.sandbox, name))
                 log.warning("sandbox %s: ignoring %r: not a request name", box.sandbox, name)
             return None
+        if _being_written(box.outbox_fd, name):
+            return None  # its writer's close (IN_CLOSE_WRITE) brings it back
         if box.claim_fd < 0:
             return name if _exists(box.outbox_fd, name) else None
         self._claim_counter += 1
@@ -930,7 +982,7 @@ class Broker:
         dir_fd = box.claim_fd if is_claim else box.outbox_fd
         try:
             st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            if _is_dir(st.st_mode):
+            if stat.S_ISDIR(st.st_mode):
                 if is_claim:
                     shutil.rmtree(name, dir_fd=dir_fd)
                 else:
@@ -1113,18 +1165,43 @@ def _idempotent(handler: Any, record: Record, config: Config) -> bool:
         return False
 
 
+def _being_written(dir_fd: int, name: str) -> bool:
+    """Whether some process holds this regular file open for writing.
+
+    A read lease cannot be taken on a file open for writing anywhere (EAGAIN), which
+    tells a request still being written from one that is complete. Where leases are
+    not allowed (another owner, no CAP_LEASE), we cannot tell, and read it.
+    """
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return False
+    if not stat.S_ISREG(st.st_mode):
+        return False
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+    try:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+        except OSError as exc:
+            return exc.errno == errno.EAGAIN
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+        return False
+    finally:
+        os.close(fd)
+
+
 def _exists(dir_fd: int, name: str) -> bool:
     try:
         os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except OSError:
         return False
     return True
-
-
-def _is_dir(mode: int) -> bool:
-    import stat
-
-    return stat.S_ISDIR(mode)
 
 
 def _human(seconds: float) -> str:

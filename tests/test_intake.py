@@ -606,31 +606,29 @@ def test_request_rewritten_after_it_was_read_is_applied_as_first_read(
     assert not (harness.outbox / "rewrite.json").exists()
 
 
-def test_request_edited_in_place_after_it_was_read_is_applied_as_first_read(
+def test_request_renamed_in_while_still_open_is_read_after_its_writer_closes(
     harness: BrokerHarness, fake: FakeHandler
 ) -> None:
-    """Writing through a descriptor kept open on the request file changes nothing applied."""
+    """A request renamed into place while its writer still holds it open for writing is
+    not read half-way: the broker waits for the close and applies what was complete."""
     doc = harness.request("test.record", {"value": "original"})
     tmp = harness.outbox / ".in-place.json.tmp"
-    fake.release.clear()
-    try:
-        with tmp.open("wb") as f:
-            f.write(json.dumps(doc).encode())
-            f.flush()
-            os.rename(tmp, harness.outbox / "in-place.json")
-            assert fake.started.wait(5)
-            f.seek(0)
-            f.truncate()
-            f.write(json.dumps(dict(doc, params={"value": "edited"})).encode())
-            f.flush()
-    finally:
-        fake.release.set()
+    with tmp.open("wb") as f:
+        f.write(json.dumps(doc).encode()[:20])
+        f.flush()
+        os.rename(tmp, harness.outbox / "in-place.json")
+        assert not fake.started.wait(0.5)  # still open for writing: not read
+        f.seek(0)
+        f.truncate()
+        edited = dict(doc, params={"value": "edited"})
+        f.write(json.dumps(edited).encode())
+        f.flush()
 
     result = answer(harness, doc["id"])
 
     assert result["status"] == "applied"
-    assert fake.applied == [{"value": "original"}]
-    assert result["request_sha256"] == sha256_hex(canonical(doc))
+    assert fake.applied == [{"value": "edited"}]
+    assert result["request_sha256"] == sha256_hex(canonical(edited))
 
 
 # -- unit: classify -------------------------------------------------------------

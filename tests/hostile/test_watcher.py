@@ -68,14 +68,30 @@ def submit_many(h: BrokerHarness, count: int, prefix: str) -> list[str]:
 
 
 def test_overflowed_event_queue_is_followed_by_a_rescan(
-    quiet_harness: BrokerHarness, tiny_event_queue: int, rescans: list[float]
+    quiet_harness: BrokerHarness,
+    tiny_event_queue: int,
+    rescans: list[float],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A kernel event-queue overflow triggers a rescan: a 600-file burst is answered in seconds."""
+    """A kernel event-queue overflow triggers a rescan: a 600-file burst is answered in seconds.
+
+    The watcher's reading thread is held while the burst is written, so the 16-event
+    kernel queue overflows for certain, whatever the machine's speed."""
+    hold = threading.Event()
+    original = inotify.Inotify._dispatch
+
+    def held(self: inotify.Inotify, data: bytes) -> None:
+        hold.wait(30)
+        original(self, data)
+
+    monkeypatch.setattr(inotify.Inotify, "_dispatch", held)
     quiet_harness.start()
     MAX_QUEUED.write_text("16384")  # the watcher keeps its tiny queue; others need not
+    time.sleep(0.2)  # the start's own rescan is done
     started = len(rescans)
 
     ids = submit_many(quiet_harness, 600, "burst")
+    hold.set()
     results = [quiet_harness.wait(rid, timeout=20) for rid in ids]
 
     assert {r["status"] for r in results} == {"applied"}
