@@ -17,14 +17,10 @@ import threading
 import time
 from pathlib import Path
 
+from demo_support import BROKER, docker_ready, reviewer, say
+
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / ".demo"
-BIN = Path(sys.executable).parent
-BROKER = str(BIN / "broker")
-
-
-def say(text: str) -> None:
-    print(f"\n\033[1m== {text}\033[0m", flush=True)
 
 
 LISTEN = os.environ.get("DEMO_LISTEN", "127.0.0.1:8700")
@@ -69,36 +65,6 @@ def setup(token_sha256: str) -> Path:
     return config
 
 
-def reviewer(config: Path, stop: threading.Event) -> None:
-    """A person at another terminal: waits for the gated request, reads it, approves."""
-    env = {**os.environ, "BROKER_CONFIG": str(config)}
-    while not stop.is_set():
-        listing = subprocess.run(
-            [BROKER, "pending", "--json"], env=env, capture_output=True, text=True
-        )
-        if listing.returncode == 0 and '"ref"' in listing.stdout:
-            import json
-
-            ref = json.loads(listing.stdout)[0]["ref"]
-            say(f"a reviewer runs `broker show {ref}` in another terminal")
-            subprocess.run([BROKER, "show", ref], env=env)
-            say(f"the reviewer approves: broker approve {ref}")
-            subprocess.run(
-                [BROKER, "approve", ref, "--as", "demo-reviewer", "--reason", "checked the diff"],
-                env=env,
-            )
-            return
-        stop.wait(0.3)
-
-
-def docker_ready() -> bool:
-    return (
-        subprocess.run(["docker", "info"], capture_output=True).returncode == 0
-        if shutil.which("docker")
-        else False
-    )
-
-
 def browser_hint(secret: str) -> None:
     say(f"a person decides: open http://{LISTEN}/ and sign in with this token")
     print(f"    {secret}", flush=True)
@@ -110,7 +76,9 @@ def main() -> int:
     config = setup(digest)
     env = {**os.environ, "BROKER_CONFIG": str(config)}
     stop = threading.Event()
-    person = threading.Thread(target=reviewer, args=(config, stop), daemon=True)
+    person = threading.Thread(
+        target=reviewer, args=(env, stop), kwargs={"note": "checked the diff"}, daemon=True
+    )
     web = ["--listen", LISTEN]
     sandboxed = docker_ready() and not os.environ.get("DEMO_ATTACH")
     if sandboxed:

@@ -31,11 +31,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from demo_support import BROKER, docker_ready, reviewer, say  # noqa: E402
+
 from tests.effects.github_fake import FakeGitHub, seed_repo  # noqa: E402
 
 DEMO = ROOT / ".demo" / "github"
-BIN = Path(sys.executable).parent
-BROKER = str(BIN / "broker")
 TOKEN_ENV = "DEMO_GITHUB_TOKEN"
 TOKEN = "ghp_demo0000000000000000000000000000"  # the fake's token; never enters the sandbox
 GIT_ENV = {
@@ -122,10 +122,6 @@ sys.exit(main())
 '''
 
 
-def say(text: str) -> None:
-    print(f"\n\033[1m== {text}\033[0m", flush=True)
-
-
 def git(*args: str, cwd: Path | None = None) -> str:
     done = subprocess.run(
         ["git", *args], cwd=cwd, env=GIT_ENV, check=True, capture_output=True, text=True
@@ -179,33 +175,6 @@ def setup(fake: FakeGitHub) -> Path:
         'repos = ["acme/*"]\n'
     )
     return config
-
-
-def reviewer(env: dict[str, str], stop: threading.Event) -> None:
-    """A person at another terminal: waits for the pull request, reads it, approves."""
-    while not stop.is_set():
-        listing = subprocess.run(
-            [BROKER, "pending", "--json"], env=env, capture_output=True, text=True
-        )
-        pending = json.loads(listing.stdout) if listing.returncode == 0 else []
-        wanted = [p for p in pending if p.get("effect") == "github.pull_request.create"]
-        if wanted:
-            ref = wanted[0]["ref"]
-            say(f"a reviewer runs `broker show {ref}`: the card, with the diff GitHub will show")
-            subprocess.run([BROKER, "show", ref], env=env)
-            say(f"the reviewer approves: broker approve {ref}")
-            subprocess.run(
-                [BROKER, "approve", ref, "--as", "demo-reviewer", "--reason", "read the diff"],
-                env=env,
-            )
-            return
-        stop.wait(0.3)
-
-
-def docker_ready() -> bool:
-    return bool(shutil.which("docker")) and (
-        subprocess.run(["docker", "info"], capture_output=True).returncode == 0
-    )
 
 
 def stream(cmd: list[str], env: dict[str, str]) -> tuple[int, str]:
@@ -274,7 +243,12 @@ def main() -> int:
         say(f"a fake GitHub serves acme/api at {fake.url}; its remote is {DEMO / 'acme-api.git'}")
         env = {**os.environ, "BROKER_CONFIG": str(config), TOKEN_ENV: TOKEN}
         stop = threading.Event()
-        person = threading.Thread(target=reviewer, args=(env, stop), daemon=True)
+        person = threading.Thread(
+            target=reviewer,
+            args=(env, stop),
+            kwargs={"effect": "github.pull_request.create", "note": "read the diff"},
+            daemon=True,
+        )
         person.start()
         code, output = run_agent(env)
         stop.set()

@@ -18,23 +18,12 @@ from broker.ledger import Record
 from broker.models import now
 from broker.policy import parse_duration
 from broker.web.auth import Gate, Identity, same_secret
-from broker.web.inbox import Filters, Inbox, Refused
+from broker.web.inbox import Filters, Inbox, Refused, State
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 SANDBOX = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 REQUEST_ID = r"^[A-Za-z0-9_-]{1,128}$"
-Status = Literal[
-    "received",
-    "pending",
-    "approved",
-    "applying",
-    "applied",
-    "denied",
-    "expired",
-    "invalid",
-    "failed",
-    "unknown",
-]
+Status = State
 
 
 class ApiError(Exception):

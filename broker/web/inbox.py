@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal, get_args
 
 from broker import approval
 from broker.audit import AuditLog, flush
@@ -27,7 +27,7 @@ log = logging.getLogger("broker.web")
 LedgerFactory = Callable[[], Ledger]
 
 
-STATES = (
+State = Literal[
     "received",
     "pending",
     "approved",
@@ -38,7 +38,8 @@ STATES = (
     "invalid",
     "failed",
     "unknown",
-)
+]
+STATES: tuple[str, ...] = get_args(State)
 
 
 class Refused(DecisionError):
