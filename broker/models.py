@@ -6,6 +6,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any
 
 PROTOCOL_VERSION = 1
@@ -76,11 +77,11 @@ class Request:
             env["attachments"] = dict(sorted(self.attachments.items()))
         return env
 
-    @property
+    @cached_property
     def payload(self) -> bytes:
         return canonical(self.envelope())
 
-    @property
+    @cached_property
     def sha256(self) -> str:
         return sha256_hex(self.payload)
 
