@@ -8,6 +8,8 @@ UTF-8 only, no duplicate keys, no NaN/Infinity, no lone surrogates, bounded dept
 from __future__ import annotations
 
 import enum
+import errno
+import fcntl
 import json
 import math
 import os
@@ -174,3 +176,42 @@ def _check_string(text: str) -> None:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise _reject("bad_unicode", "a string holds a lone surrogate escape") from exc
+
+
+def being_written(dir_fd: int, name: str) -> bool:
+    """Whether some process holds this regular file open for writing.
+
+    A read lease cannot be taken on a file open for writing anywhere (EAGAIN), which
+    tells a request still being written from one that is complete. Where leases are
+    not allowed (another owner, no CAP_LEASE), we cannot tell, and read it.
+    """
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return False
+    if not stat.S_ISREG(st.st_mode):
+        return False
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+    try:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+        except OSError as exc:
+            return exc.errno == errno.EAGAIN
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+        return False
+    finally:
+        os.close(fd)
+
+
+def exists(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return True

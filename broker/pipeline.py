@@ -10,8 +10,6 @@ commit. Handlers run on a small pool; their outcomes come back through the queue
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import heapq
 import logging
 import os
@@ -28,13 +26,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from broker import intake, results
+from broker import attachments, intake, results
 from broker.audit import AuditLog
 from broker.audit import event as audit_event
 from broker.config import Config
 from broker.errors import EffectFailed, Outcome, Rejected
+from broker.faults import fault
 from broker.intake import Kind
 from broker.ledger import Ledger, Record
+from broker.marks import StartMarks
 from broker.models import Request, iso, now, parse_iso, sha256_hex
 from broker.notify import Notifier
 from broker.outbox import Outbox, Watcher, discover, from_layout
@@ -48,41 +48,6 @@ REDACTED = "•••"
 AUDIT_SYNC_S = 1.0  # the audit log is fsynced at most this often; the ledger holds the rest
 MAX_BATCH = 256  # events taken per wake-up: results stream out during a burst
 PURGE_PER_IDLE = 2000  # consumed files removed per idle moment (unlinks slow later creates)
-
-
-FAULT_POINTS = (
-    "after_read",  # the request's bytes are in memory, nothing recorded yet
-    "before_commit",  # the wake-up's ledger transaction is about to commit
-    "after_commit",  # committed: recorded (and `applying`, for auto requests)
-    "before_remove",  # about to remove the consumed file from the claim dir
-    "after_remove",
-    "before_results",  # about to write the wake-up's result files
-    "after_result",  # one result renamed into place
-    "before_audit",  # about to append the wake-up's audit events
-    "after_audit",
-    "before_apply",  # the handler is about to be called (start marked, if needed)
-    "after_apply",  # the handler returned: the service accepted the call
-)
-
-
-def _crash_plan() -> tuple[str, int]:
-    """BROKER_CRASH_AT=<point>[:<n>]: SIGKILL this process the n-th time it passes."""
-    spec = os.environ.get("BROKER_CRASH_AT", "")
-    point, _, count = spec.partition(":")
-    return point, int(count) if count.isdigit() else 1
-
-
-_CRASH_POINT, _CRASH_COUNT = _crash_plan()
-_crash_hits = 0
-
-
-def _fault(point: str) -> None:
-    """Crash injection for the reliability suite; free when BROKER_CRASH_AT is unset."""
-    global _crash_hits
-    if _CRASH_POINT and point == _CRASH_POINT:
-        _crash_hits += 1
-        if _crash_hits >= _CRASH_COUNT:
-            os.kill(os.getpid(), 9)
 
 
 @dataclass
@@ -388,8 +353,8 @@ class Broker:
                 self._expire(sandbox, request_id, batch)
             if reload:
                 self._reload(batch)
-            _fault("before_commit")
-        _fault("after_commit")
+            fault("before_commit")
+        fault("after_commit")
         self._after_commit(batch)
 
     def _after_commit(self, batch: _Batch) -> None:
@@ -398,12 +363,12 @@ class Broker:
                 self._consumed.append((box, name))  # removed when idle: unlinks are slow
             else:
                 self._remove(box, name, is_claim)
-        _fault("before_results")
+        fault("before_results")
         for record in batch.answer:
             self._answer(record)
-        _fault("before_audit")
+        fault("before_audit")
         self._flush_audit()
-        _fault("after_audit")
+        fault("after_audit")
         for record in batch.settled:
             self.started.clear(record)
         for record in batch.deadlines:
@@ -423,10 +388,10 @@ class Broker:
                     self._bad_names.add((box.sandbox, name))
                 log.warning("sandbox %s: ignoring %r: not a request name", box.sandbox, name)
             return None
-        if _being_written(box.outbox_fd, name):
+        if intake.being_written(box.outbox_fd, name):
             return None  # its writer's close (IN_CLOSE_WRITE) brings it back
         if box.claim_fd < 0:
-            return name if _exists(box.outbox_fd, name) else None
+            return name if intake.exists(box.outbox_fd, name) else None
         self._claim_counter += 1
         target = f"{name}~{os.getpid()}-{self._claim_counter}"
         try:
@@ -462,7 +427,7 @@ class Broker:
                 where,
                 self.config.limits.max_request_bytes,
             )
-            _fault("after_read")
+            fault("after_read")
             doc = intake.parse_json(raw, self.config.limits.max_depth)
             self.validator.envelope(doc)
             request = Request(
@@ -547,7 +512,7 @@ class Broker:
                         )
                     ],
                 ) from exc
-            digests[att] = self._store(data)
+            digests[att] = attachments.store(self.config.state_dir, data)
         return digests
 
     def _claim_attachment(self, box: Outbox, file_name: str) -> str | None:
@@ -559,33 +524,6 @@ class Broker:
             if leftover.split("~", 1)[0] == file_name:
                 return leftover
         return None
-
-    def _store(self, data: bytes) -> str:
-        """Write bytes to <state>/attachments/<sha256>, durably, once."""
-        digest = sha256_hex(data)
-        folder = self.config.state_dir / "attachments"
-        target = folder / digest
-        if target.exists():
-            return digest
-        folder.mkdir(mode=0o700, exist_ok=True)
-        tmp = folder / f".{digest}.{os.getpid()}.tmp"
-        fd = os.open(
-            tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
-        )
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, target)
-        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-        return digest
 
     def _record_invalid(
         self,
@@ -796,9 +734,9 @@ class Broker:
             ctx = self._context(record)
             if not _idempotent(handler, record, self.config):
                 self.started.mark(record)
-            _fault("before_apply")
+            fault("before_apply")
             output = handler.apply(params, ctx)
-            _fault("after_apply")
+            fault("after_apply")
             if not isinstance(output, dict):
                 raise TypeError(
                     f"{handler.name}.apply returned {type(output).__name__}, not a dict"
@@ -978,7 +916,7 @@ class Broker:
                 self._remove(box, name, True)
 
     def _remove(self, box: Outbox, name: str, is_claim: bool) -> None:
-        _fault("before_remove")
+        fault("before_remove")
         dir_fd = box.claim_fd if is_claim else box.outbox_fd
         try:
             st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -993,7 +931,7 @@ class Broker:
             pass
         except OSError as exc:
             log.warning("sandbox %s: cannot remove %r: %s", box.sandbox, name, exc.strerror)
-        _fault("after_remove")
+        fault("after_remove")
 
     def _answer(self, record: Record) -> None:
         result = record.result()
@@ -1005,7 +943,7 @@ class Broker:
         except OSError as exc:
             log.error("sandbox %s: cannot write result %s: %s", record.sandbox, record.id, exc)
             return
-        _fault("after_result")
+        fault("after_result")
         self._synced.append((record.sandbox, record.id, record.state))
         for notify in self.on_change:
             try:
@@ -1068,7 +1006,7 @@ def context_for(config: Config, record: Record) -> Context:
         digest = (record.envelope.get("attachments") or {}).get(name)
         if not digest:
             raise EffectFailed(f"failed: no attachment named {name!r} came with the request")
-        return config.state_dir / "attachments" / str(digest)
+        return attachments.path(config.state_dir, str(digest))
 
     return Context(
         sandbox=record.sandbox,
@@ -1079,52 +1017,6 @@ def context_for(config: Config, record: Record) -> Context:
         secret=secret,
         attachment=attachment,
     )
-
-
-class StartMarks:
-    """Durable marks that a non-idempotent handler was called, one file per request.
-
-    `applying` is committed before a handler runs, but a crash can come before the call
-    as well as after it. The mark, fsynced before the call, tells the two apart on
-    restart: no mark, the effect never started and is applied; a mark, a person must
-    reconcile it. A mark that cannot be written stops the apply (fail closed).
-    """
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-
-    def _path(self, record: Record) -> Path:
-        return self.folder / sha256_hex(f"{record.sandbox}/{record.id}".encode())
-
-    def mark(self, record: Record) -> None:
-        try:
-            self.folder.mkdir(mode=0o700, exist_ok=True)
-            fd = os.open(self._path(record), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            dir_fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
-        except OSError as exc:
-            raise EffectFailed(
-                "failed: the broker could not record that the effect was starting "
-                f"({exc.strerror}); it was not applied; try again later"
-            ) from exc
-
-    def seen(self, record: Record) -> bool:
-        return self._path(record).exists()
-
-    def clear(self, record: Record) -> None:
-        try:
-            self._path(record).unlink()
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            log.warning("cannot remove the start mark of %s/%s: %s", record.sandbox, record.id, exc)
 
 
 class _Denied(Outcome):
@@ -1163,45 +1055,6 @@ def _idempotent(handler: Any, record: Record, config: Config) -> bool:
     except Exception:  # when in doubt, a person reconciles
         log.exception("idempotent_for of %s/%s failed", record.sandbox, record.id)
         return False
-
-
-def _being_written(dir_fd: int, name: str) -> bool:
-    """Whether some process holds this regular file open for writing.
-
-    A read lease cannot be taken on a file open for writing anywhere (EAGAIN), which
-    tells a request still being written from one that is complete. Where leases are
-    not allowed (another owner, no CAP_LEASE), we cannot tell, and read it.
-    """
-    try:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except OSError:
-        return False
-    if not stat.S_ISREG(st.st_mode):
-        return False
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
-    try:
-        fd = os.open(name, flags, dir_fd=dir_fd)
-    except OSError:
-        return False
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
-        try:
-            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
-        except OSError as exc:
-            return exc.errno == errno.EAGAIN
-        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
-        return False
-    finally:
-        os.close(fd)
-
-
-def _exists(dir_fd: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except OSError:
-        return False
-    return True
 
 
 def _human(seconds: float) -> str:

@@ -18,8 +18,8 @@ from jsonschema import Draft202012Validator
 
 from broker import audit
 from broker.ledger import Ledger
+from broker.marks import StartMarks
 from broker.models import iso, now, parse_iso
-from broker.pipeline import StartMarks
 from broker.testing import BrokerHarness, FakeHandler
 from broker.validation import load_schema
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from broker import audit
 from broker.ledger import Ledger
+from broker.marks import StartMarks
 from broker.models import Preview
-from broker.pipeline import StartMarks
 from broker.testing import BrokerHarness, FakeHandler
 from effects.base import Context
 

@@ -21,9 +21,9 @@ import pytest
 
 from broker import approval, undo
 from broker.audit import AuditLog, flush
+from broker.faults import FAULT_POINTS
 from broker.ledger import Ledger
 from broker.models import TERMINAL, now, parse_iso
-from broker.pipeline import FAULT_POINTS
 from tests.crash.support import (
     FIGURES,
     Receiver,
