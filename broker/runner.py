@@ -70,8 +70,9 @@ def run(config: Config, registry: Registry, policy: Policy, options: RunOptions)
         sandbox.ensure_image(client, image, log=options.say)
     sandbox_id = new_sandbox_id(options.name)
     paths = sandbox.prepare_dirs(config.state_dir, sandbox_id)
-    if options.detach:
-        detached = sandbox.start(
+
+    def start() -> Any:
+        return sandbox.start(
             client,
             paths,
             image,
@@ -81,6 +82,9 @@ def run(config: Config, registry: Registry, policy: Policy, options: RunOptions)
             workspace=options.workspace,
             name=f"broker-{sandbox_id}",
         )
+
+    if options.detach:
+        detached = start()
         options.say(
             f"sandbox {sandbox_id} started (container {detached.short_id}); "
             "serve it with: broker serve"
@@ -115,16 +119,7 @@ def run(config: Config, registry: Registry, policy: Policy, options: RunOptions)
         raise failure[0]
     container: Any = None
     try:
-        container = sandbox.start(
-            client,
-            paths,
-            image,
-            options.command,
-            limits=limits_from(config),
-            env=extra_env(config),
-            workspace=options.workspace,
-            name=f"broker-{sandbox_id}",
-        )
+        container = start()
         options.say(f"sandbox {sandbox_id}: running {' '.join(options.command)} in {image}")
         output = threading.Thread(
             target=_stream_logs, args=(container, options.say), name="sandbox-logs", daemon=True
