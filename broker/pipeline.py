@@ -46,8 +46,8 @@ from effects.base import Context
 log = logging.getLogger("broker")
 REDACTED = "•••"
 AUDIT_SYNC_S = 1.0  # the audit log is fsynced at most this often; the ledger holds the rest
-MAX_BATCH = 256  # events taken per wake-up: results stream out during a burst
-PURGE_PER_IDLE = 2000  # consumed files removed per idle moment (unlinks slow later creates)
+MAX_BATCH = 64  # files taken per wake-up: a neighbour waits for one batch at most
+PURGE_BUDGET_S = 0.01  # time spent removing consumed files per idle moment
 
 
 @dataclass
@@ -171,13 +171,17 @@ class Broker:
         next_rescan = time.monotonic() + self.config.rescan_interval_s
         try:
             while not stop.is_set():
-                timeout = min(0.5, max(0.0, next_rescan - time.monotonic()), self._until_deadline())
+                timeout = min(
+                    0.05 if self._consumed else 0.5,  # idle moments purge consumed files
+                    max(0.0, next_rescan - time.monotonic()),
+                    self._until_deadline(),
+                )
                 items = self._take(timeout)
                 if self._watcher is not None and not self._watcher.alive():
                     items.append(self._replace_watcher())
                 if not items:
                     self._sync_audit()  # idle: make the audit log durable now
-                    self._purge(PURGE_PER_IDLE)
+                    self._purge(PURGE_BUDGET_S)
                 if time.monotonic() >= next_rescan:
                     items.append(("rescan",))
                     next_rescan = time.monotonic() + self.config.rescan_interval_s
@@ -214,7 +218,7 @@ class Broker:
                 and not self._pending_files()
             ):
                 break
-        self._purge(len(self._consumed))
+        self._purge()
 
     def _pending_files(self) -> bool:
         for box in self.outboxes.values():
@@ -234,7 +238,7 @@ class Broker:
         # applies that finished during shutdown are recorded before we go
         while items := self._take(0):
             self.step(items)
-        self._purge(len(self._consumed))
+        self._purge()
         self._sync_audit()
         self.step([])  # the ledger learns what is durable in the log and results
         for box in self.outboxes.values():
@@ -908,9 +912,11 @@ class Broker:
 
     # -- after the commit --------------------------------------------------------
 
-    def _purge(self, limit: int) -> None:
-        """Remove consumed request files from the claim dirs, a few at a time."""
-        for _ in range(min(limit, len(self._consumed))):
+    def _purge(self, budget_s: float | None = None) -> None:
+        """Remove consumed request files from the claim dirs: all of them, or as many as
+        fit in `budget_s` (unlinks can be slow, and the loop must stay responsive)."""
+        end = None if budget_s is None else time.monotonic() + budget_s
+        while self._consumed and (end is None or time.monotonic() < end):
             box, name = self._consumed.popleft()
             if box.claim_fd >= 0:
                 self._remove(box, name, True)
