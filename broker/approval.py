@@ -9,18 +9,22 @@ The sandbox has no way in: nothing here reads the outbox.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from broker.audit import AuditLog, flush
 from broker.audit import event as audit_event
-from broker.errors import DecisionError
+from broker.config import Config
+from broker.errors import BrokerError, DecisionError
 from broker.ledger import Decision, Ledger, Record
 from broker.models import iso, now, parse_iso
 from broker.registry import Registry
 
 VERDICTS = ("approve", "deny")
+log = logging.getLogger("broker.approval")
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,30 @@ def decide(
             audit_event("decided", record, stamp, action="approve", by=", ".join(have))
         )
     return Outcome(record, True, len(have), need)
+
+
+def decide_and_wake(
+    config: Config,
+    ledger: Ledger,
+    ref: str,
+    verdict: str,
+    *,
+    approver: str,
+    reason: str | None,
+    surface: str,
+    sha256: str | None,
+) -> Outcome:
+    """What every surface does: `decide`, append its audit events, wake the broker."""
+    outcome = decide(
+        ledger, ref, verdict, approver=approver, reason=reason, surface=surface, sha256=sha256
+    )
+    try:
+        flush(ledger, AuditLog(config.audit_path))
+    except (BrokerError, OSError):
+        # the decision is committed; the serving broker appends its audit lines
+        log.warning("decision on %s recorded; audit flush left to the broker", ref)
+    nudge(config.state_dir)
+    return outcome
 
 
 def _same_sha(seen: str, actual: str) -> bool:

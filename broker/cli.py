@@ -501,19 +501,16 @@ def _decide(
     config: Path | None,
     state: Path | None,
 ) -> None:
-    from broker.approval import decide, nudge
-    from broker.audit import AuditLog, flush
+    from broker.approval import decide_and_wake
 
     cfg = guarded(lambda: load_config(config, state_dir=state))
     ledger = _ledger(cfg)
     who = _identity(as_, cfg)
     result = guarded(
-        lambda: decide(
-            ledger, ref, verdict, approver=who, reason=reason, surface="cli", sha256=sha256
+        lambda: decide_and_wake(
+            cfg, ledger, ref, verdict, approver=who, reason=reason, surface="cli", sha256=sha256
         )
     )
-    guarded(lambda: flush(ledger, AuditLog(cfg.audit_path)))
-    nudge(cfg.state_dir)
     ref_text = terminal(f"{result.record.sandbox}/{result.record.id}")
     if not result.settled:
         out.print(
@@ -693,8 +690,7 @@ class Prompt:
         self.queue.put(record)
 
     def _run(self) -> None:
-        from broker.approval import card, decide, nudge
-        from broker.audit import AuditLog, flush
+        from broker.approval import card, decide_and_wake
         from broker.ledger import Ledger
 
         ledger = Ledger(self.cfg.ledger_path)
@@ -718,7 +714,8 @@ class Prompt:
                 continue
             reason = input("reason (the agent reads it): ").strip() or None
             try:
-                decide(
+                decide_and_wake(
+                    self.cfg,
                     ledger,
                     f"{current.sandbox}/{current.id}",
                     verdict,
@@ -727,8 +724,6 @@ class Prompt:
                     surface="prompt",
                     sha256=current.sha256,
                 )
-                flush(ledger, AuditLog(self.cfg.audit_path))
-                nudge(self.cfg.state_dir)
                 out.print(f"{verdict}d" if verdict == "approve" else "denied")
             except BrokerError as exc:
                 out.print(f"[red]not recorded:[/] {terminal(str(exc))}")

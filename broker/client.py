@@ -14,9 +14,7 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.approval import decide as _decide
-from broker.approval import nudge
-from broker.audit import AuditLog, flush
+from broker.approval import decide_and_wake
 from broker.config import Config, load_config
 from broker.ledger import Ledger, Record
 
@@ -143,11 +141,16 @@ def decide_sync(
     cfg = _config(config, state_dir)
     ledger = Ledger(cfg.ledger_path)
     try:
-        outcome = _decide(
-            ledger, ref, verdict, approver=approver, reason=reason, surface=surface, sha256=sha256
+        outcome = decide_and_wake(
+            cfg,
+            ledger,
+            ref,
+            verdict,
+            approver=approver,
+            reason=reason,
+            surface=surface,
+            sha256=sha256,
         )
-        flush(ledger, AuditLog(cfg.audit_path))
     finally:
         ledger.close()
-    nudge(cfg.state_dir)
     return _info(outcome.record)

@@ -5,7 +5,6 @@ serving broker, which applies what was approved).
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -15,15 +14,13 @@ from datetime import datetime
 from typing import Any, Literal, get_args
 
 from broker import approval
-from broker.audit import AuditLog, flush
 from broker.config import Config
-from broker.errors import BrokerError, DecisionError, RequestNotFound
+from broker.errors import DecisionError, RequestNotFound
 from broker.ledger import Ledger, Record
 from broker.models import now, parse_iso
 from broker.registry import Registry
 from broker.stats import summarize
 
-log = logging.getLogger("broker.web")
 LedgerFactory = Callable[[], Ledger]
 
 
@@ -160,7 +157,8 @@ class Inbox:
         ref = f"{sandbox}/{request_id}"
         with self.ledger() as ledger:
             try:
-                outcome = approval.decide(
+                return approval.decide_and_wake(
+                    self.config,
                     ledger,
                     ref,
                     verdict,
@@ -173,13 +171,6 @@ class Inbox:
                 raise
             except DecisionError as exc:
                 raise Refused(_why(ledger, ref, approver, sha256), str(exc)) from exc
-            try:
-                flush(ledger, AuditLog(self.config.audit_path))
-            except (BrokerError, OSError):
-                # the decision is committed; the serving broker appends its audit line
-                log.warning("decision on %s recorded; audit flush left to the broker", ref)
-        approval.nudge(self.config.state_dir)
-        return outcome
 
 
 def _why(ledger: Ledger, ref: str, approver: str, sha256: str) -> str:
