@@ -122,6 +122,7 @@ def decide(
                 decided_by=approver,
                 decided_at=stamp,
                 completed_at=stamp,
+                seen=None,
                 reason=f"denied by {approver}: {reason}",
             )
             ledger.queue_audit(

@@ -81,10 +81,17 @@ class Config:
         return self.integrations.get(name, {})
 
     def secret(self, integration: str, key: str) -> str | None:
-        """Resolve `key_env` / `key_file` under [integrations.<integration>]."""
-        return resolve_secret(
-            self.integration(integration), key, f"integrations.{integration}", self.base_dir
-        )
+        """Resolve `key_env` / `key_file` under [integrations.<integration>]; a dotted
+        key (`remotes.origin.token`) names a nested table. None when neither is set."""
+        table: Any = self.integration(integration)
+        where = f"integrations.{integration}"
+        *path, leaf = key.split(".")
+        for part in path:
+            table = table.get(part) if isinstance(table, Mapping) else None
+            where = f"{where}.{part}"
+            if not isinstance(table, Mapping):
+                return None
+        return resolve_secret(table, leaf, where, self.base_dir)
 
     def secret_values(self) -> frozenset[str]:
         """Every secret the config references, for redaction of what is written."""

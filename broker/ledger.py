@@ -46,6 +46,7 @@ CREATE TABLE IF NOT EXISTS requests (
     completed_at TEXT,
     expires_at TEXT,
     on_timeout TEXT,
+    seen TEXT,
     synced INTEGER NOT NULL DEFAULT 0,
     UNIQUE (sandbox, id)
 );
@@ -78,7 +79,7 @@ CREATE TABLE IF NOT EXISTS audit_queue (
 );
 """
 
-_JSON_COLUMNS = {"errors", "output", "verdict", "preview"}
+_JSON_COLUMNS = {"errors", "output", "verdict", "preview", "seen"}
 WAITING = ("pending",)
 IN_FLIGHT = ("received", "approved", "applying")
 
@@ -108,6 +109,7 @@ class Record:
     completed_at: str | None = None
     expires_at: str | None = None
     on_timeout: str | None = None
+    seen: dict[str, Any] | None = None  # what handlers remembered (ctx.remember) until it ends
     seq: int | None = None
 
     @property
@@ -183,6 +185,13 @@ def _row_to_record(row: sqlite3.Row) -> Record:
     return Record(**data)
 
 
+def _migrate(db: sqlite3.Connection) -> None:
+    """Columns added since the first release, for ledgers made before them."""
+    have = {row[1] for row in db.execute("PRAGMA table_info(requests)")}
+    if "seen" not in have:
+        db.execute("ALTER TABLE requests ADD COLUMN seen TEXT")
+
+
 def _dump(value: Any) -> Any:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
@@ -202,6 +211,7 @@ class Ledger:
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.executescript(SCHEMA)
+            _migrate(self._db)
         except sqlite3.Error as exc:
             raise LedgerError(f"{path}: cannot open the ledger: {exc}") from exc
         self._lock = threading.RLock()

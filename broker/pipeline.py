@@ -30,6 +30,7 @@ from broker import attachments, intake, results
 from broker.audit import AuditLog
 from broker.audit import event as audit_event
 from broker.config import Config
+from broker.context import Memo, context_for
 from broker.errors import EffectFailed, Outcome, Rejected
 from broker.faults import fault
 from broker.intake import Kind
@@ -39,7 +40,7 @@ from broker.models import Request, iso, now, parse_iso, sha256_hex
 from broker.notify import Notifier
 from broker.outbox import Outbox, Watcher, discover, from_layout
 from broker.policy import Policy
-from broker.registry import Registry
+from broker.registry import Effect, Registry
 from broker.validation import Validator
 from effects.base import Context
 
@@ -472,14 +473,15 @@ class Broker:
         self._audit("received", record, name=stem)
         try:
             self.validator.params(request.effect, request.params)
-            handler = self.registry.get(request.effect)
-            ctx = self._context(record)
-            handler.check(request.params, ctx)
-            reversible = handler.reversible_for(request.params, ctx)
-            record = record.evolve(reversible=reversible)
+            effect = self.registry.effect(request.effect)
+            memo = Memo()
+            ctx = context_for(self.config, record, memo)
+            effect.check(request.params, ctx)
+            reversible = effect.reversible_for(request.params, ctx)
+            record = record.evolve(reversible=reversible, seen=memo.recall())
             if self._replay(record, request, batch):
                 return
-            self._classify(record, request, handler, ctx, batch)
+            self._classify(record, request, effect, ctx, memo, batch)
         except Outcome as exc:
             self._conclude_new(record, exc, batch)
 
@@ -619,7 +621,13 @@ class Broker:
         )
 
     def _classify(
-        self, record: Record, request: Request, handler: Any, ctx: Context, batch: _Batch
+        self,
+        record: Record,
+        request: Request,
+        effect: Effect,
+        ctx: Context,
+        memo: Memo,
+        batch: _Batch,
     ) -> None:
         verdict = self.policy.classify(request.effect, request.params, bool(record.reversible))
         stamp = iso(now())
@@ -637,7 +645,7 @@ class Broker:
             )
             self._audit("decided", record, action="auto", rule=verdict.rule, by="policy")
             self._audit("applying", record)
-            if getattr(handler, "inline", False) and _idempotent(handler, record, self.config):
+            if effect.inline and _idempotent(effect, record, self.config):
                 # fast and safe to repeat: applied in this request's own commit (a crash
                 # before it commits reads the claimed file again and applies it again)
                 self._in_flight.add(record.key)
@@ -652,7 +660,7 @@ class Broker:
                 "pending_cap",
             )
         try:
-            preview = handler.preview(request.params, ctx).to_json()
+            preview = effect.preview(request.params, ctx).to_json()
         except EffectFailed as exc:
             preview = {
                 "title": "the preview could not be computed",
@@ -677,6 +685,7 @@ class Broker:
         record = self.ledger.insert(
             record.evolve(
                 state="pending",
+                seen=memo.recall(),
                 preview=self._redact(preview),
                 expires_at=iso(expires),
                 on_timeout=on_timeout,
@@ -705,6 +714,7 @@ class Broker:
                 decided_by=by,
                 decided_at=stamp if by else None,
                 completed_at=stamp,
+                seen=None,
             )
         )
         extra: dict[str, Any] = {"reason": record.reason}
@@ -716,9 +726,6 @@ class Broker:
         batch.answer.append(record)
 
     # -- applying ---------------------------------------------------------------
-
-    def _context(self, record: Record) -> Context:
-        return context_for(self.config, record)
 
     def _submit(self, record: Record) -> None:
         if record.key in self._in_flight:
@@ -733,18 +740,16 @@ class Broker:
     def _call(self, record: Record) -> tuple[str, str | None, Any, list[dict[str, str]]]:
         """Apply one request: (status, reason, output, issues); never raises."""
         try:
-            handler = self.registry.get(record.effect or "")
+            effect = self.registry.effect(record.effect or "")
             params = record.envelope["params"]
-            ctx = self._context(record)
-            if not _idempotent(handler, record, self.config):
+            ctx = context_for(self.config, record)
+            if not _idempotent(effect, record, self.config):
                 self.started.mark(record)
             fault("before_apply")
-            output = handler.apply(params, ctx)
+            output = effect.apply(params, ctx)
             fault("after_apply")
             if not isinstance(output, dict):
-                raise TypeError(
-                    f"{handler.name}.apply returned {type(output).__name__}, not a dict"
-                )
+                raise TypeError(f"{effect.name}.apply returned {type(output).__name__}, not a dict")
             return "applied", None, output, []
         except Outcome as exc:
             return exc.status, exc.reason, None, [i.to_json() for i in getattr(exc, "issues", ())]
@@ -774,6 +779,7 @@ class Broker:
             output=self._redact(output),
             errors=self._redact(issues) or None,
             completed_at=iso(now()),
+            seen=None,
         )
         self._audit(status, record, reason=record.reason)
         batch.answer.append(record)
@@ -827,6 +833,7 @@ class Broker:
             decided_by="policy (on_timeout)",
             decided_at=stamp,
             completed_at=stamp,
+            seen=None,
             reason=(
                 f"expired: nobody decided within {_human(deadline)}, so it was not applied; "
                 "ask a person to review it, or send a reversible alternative"
@@ -850,15 +857,15 @@ class Broker:
                     else:
                         batch.remove.append((box, where, True))
             for record in self.ledger.in_states(["applying", "approved"]):
-                handler = (
-                    self.registry.get(record.effect or "")
+                effect = (
+                    self.registry.effect(record.effect or "")
                     if record.effect in self.registry
                     else None
                 )
                 if record.state == "approved" or (
-                    handler is not None
+                    effect is not None
                     and (
-                        _idempotent(handler, record, self.config)
+                        _idempotent(effect, record, self.config)
                         or not self.started.seen(record)  # its handler was never called
                     )
                 ):
@@ -871,6 +878,7 @@ class Broker:
                     record,
                     state="unknown",
                     completed_at=iso(now()),
+                    seen=None,
                     reason=(
                         "unknown: the broker stopped while applying this effect, which is not "
                         "safe to repeat; a person must check whether it happened "
@@ -1001,30 +1009,6 @@ class Broker:
         return value
 
 
-def context_for(config: Config, record: Record) -> Context:
-    """What a handler gets besides params, for one recorded request."""
-    integration = (record.effect or "").split(".", 1)[0]
-
-    def secret(key: str) -> str | None:
-        return config.secret(integration, key)
-
-    def attachment(name: str) -> Path:
-        digest = (record.envelope.get("attachments") or {}).get(name)
-        if not digest:
-            raise EffectFailed(f"failed: no attachment named {name!r} came with the request")
-        return attachments.path(config.state_dir, str(digest))
-
-    return Context(
-        sandbox=record.sandbox,
-        request_id=record.id,
-        request_sha256=record.sha256 or "",
-        settings=config.integration(integration),
-        state_dir=config.state_dir,
-        secret=secret,
-        attachment=attachment,
-    )
-
-
 class _Denied(Outcome):
     status = "denied"
 
@@ -1051,13 +1035,10 @@ def _outcome_fields(record: Record) -> dict[str, Any]:
     }
 
 
-def _idempotent(handler: Any, record: Record, config: Config) -> bool:
+def _idempotent(effect: Effect, record: Record, config: Config) -> bool:
     """Whether this request may be applied again (the handler's per-request answer)."""
-    per_request = getattr(handler, "idempotent_for", None)
-    if not callable(per_request):
-        return bool(handler.idempotent)
     try:
-        return bool(per_request(record.envelope.get("params", {}), context_for(config, record)))
+        return effect.idempotent_for(record.envelope.get("params", {}), context_for(config, record))
     except Exception:  # when in doubt, a person reconciles
         log.exception("idempotent_for of %s/%s failed", record.sandbox, record.id)
         return False
