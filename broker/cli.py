@@ -92,7 +92,7 @@ def assemble(
     def build() -> tuple[Config, Registry, Policy]:
         cfg = load_config(config, state_dir=state, policy=policy)
         registry = default_registry()
-        registry.check_config(cfg.integrations)
+        registry.check_config(cfg.integrations, cfg.base_dir)
         return cfg, registry, load_policy(cfg.policy_path, registry.reversibility())
 
     return guarded(build)
@@ -329,8 +329,8 @@ def audit_export(
     """Write the audit events (JSON lines, with their hashes) since a time to stdout."""
     from datetime import timedelta
 
+    from broker.clock import parse_duration
     from broker.models import iso, now
-    from broker.policy import parse_duration
 
     path, _ = _audit_path(config, state)
     cutoff = None
@@ -567,8 +567,8 @@ def stats(
     """Outcomes per effect, approval rate and time to decision; flags rubber-stamping."""
     from datetime import timedelta
 
+    from broker.clock import parse_duration
     from broker.models import now
-    from broker.policy import parse_duration
     from broker.stats import summarize
 
     cfg = guarded(lambda: load_config(config, state_dir=state))

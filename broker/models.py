@@ -5,32 +5,29 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
+
+from broker.clock import iso, now, parse_iso
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "STATUSES",
+    "TERMINAL",
+    "Preview",
+    "Request",
+    "Result",
+    "Verdict",
+    "canonical",
+    "iso",
+    "now",
+    "parse_iso",
+    "sha256_hex",
+]
 
 PROTOCOL_VERSION = 1
 TERMINAL = frozenset({"applied", "denied", "expired", "invalid", "failed", "unknown"})
 STATUSES = TERMINAL | {"pending"}
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
-
-
-def iso(moment: datetime | None) -> str | None:
-    """RFC 3339 with milliseconds and a Z, as results and the audit log show time."""
-    if moment is None:
-        return None
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + (
-        f"{moment.microsecond // 1000:03d}Z"
-    )
-
-
-def parse_iso(text: str | None) -> datetime | None:
-    if text is None:
-        return None
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def canonical(value: Any) -> bytes:

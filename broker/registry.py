@@ -9,8 +9,10 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
+from broker.config import Settings
 from broker.errors import ConfigError, DuplicateEffect, RegistryError, UnknownEffect
 from broker.models import Preview
 from broker.typing import JSON, Params
@@ -169,8 +171,11 @@ class Registry:
     def reversibility(self) -> dict[str, bool]:
         return {name: e.reversible for name, e in self._effects.items()}
 
-    def check_config(self, integrations: Mapping[str, Mapping[str, Any]]) -> None:
-        """Let each handler check its integration's settings; refuse unknown sections."""
+    def check_config(
+        self, integrations: Mapping[str, Mapping[str, Any]], base_dir: Path | None = None
+    ) -> None:
+        """Let each handler check its integration's settings (as `Settings`, whose
+        secrets resolve beside broker.toml, `base_dir`); refuse unknown sections."""
         served = {e.integration for e in self._effects.values()}
         for section in integrations:
             if section not in served:
@@ -179,7 +184,8 @@ class Registry:
                     f"(known: {', '.join(sorted(served))})"
                 )
         for effect in self.effects():
-            effect.check_config(integrations.get(effect.integration, {}))
+            where = f"integrations.{effect.integration}"
+            effect.check_config(Settings(integrations.get(effect.integration, {}), where, base_dir))
 
 
 def _verify(handler: Any, origin: str) -> str:

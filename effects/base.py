@@ -66,6 +66,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from broker.config import Settings
 from broker.errors import ConfigError, EffectFailed, InvalidParams
 from broker.models import Preview
 from broker.typing import JSON, Params
@@ -86,6 +87,7 @@ __all__ = [
     "Params",
     "Preview",
     "Revertible",
+    "Settings",
     "optional_setting",
     "reject_unknown_keys",
 ]
@@ -95,9 +97,11 @@ __all__ = [
 class Context:
     """What a handler may use besides params, for one request.
 
-    `secret(key)` resolves `<key>_env` / `<key>_file` under the integration's settings
-    (a dotted key reaches a nested table: `remotes.origin.token`), relative files
-    beside broker.toml. `attachment(name)` is the host-side path of an attachment the
+    `settings` is the integration's table of broker.toml (`Settings`, a read-only
+    mapping). `secret(key)` resolves `<key>_env` / `<key>_file` in it (a dotted key
+    reaches a nested table: `remotes.origin.token`), relative files beside broker.toml;
+    in `check_config`, where there is no context, `Settings.of(settings, where).secret`
+    does the same. `attachment(name)` is the host-side path of an attachment the
     request listed. `remember(data)` keeps what a preview showed (or an assessment
     observed) with the request, and `recall()` returns it at apply: the broker stores
     it with the request and drops it when the request ends.

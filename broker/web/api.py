@@ -13,10 +13,10 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from broker.clock import parse_duration
 from broker.errors import BrokerError, RequestNotFound
 from broker.ledger import Record
 from broker.models import now
-from broker.policy import parse_duration
 from broker.web.auth import Gate, Identity, same_secret
 from broker.web.inbox import Filters, Inbox, Refused, State
 

@@ -28,10 +28,10 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from broker import __version__
+from broker.clock import parse_duration
 from broker.config import Config
 from broker.errors import ConfigError
 from broker.ledger import Ledger
-from broker.policy import parse_duration
 from broker.registry import Registry
 from broker.web import api, pages
 from broker.web.auth import Gate, Sessions, load_approvers
