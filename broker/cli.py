@@ -125,6 +125,13 @@ def serve(
     outbox: Annotated[Path | None, typer.Option(help="an outbox to serve (attach mode)")] = None,
     results: Annotated[Path | None, typer.Option(help="where its results go (attach mode)")] = None,
     sandbox: Annotated[str, typer.Option(help="the sandbox id for --outbox")] = "default",
+    claim: Annotated[
+        Path | None,
+        typer.Option(
+            help="with --outbox: the broker's private claim dir, on the outbox's file system "
+            "and out of the sandbox's sight (default: <state>/claimed/<sandbox>)"
+        ),
+    ] = None,
     root: Annotated[
         Path | None,
         typer.Option(help="serve every <root>/sandboxes/<id>/outbox (default root: the state dir)"),
@@ -145,11 +152,13 @@ def serve(
     cfg, registry, pol = assemble(config, state, policy)
     if (outbox is None) != (results is None):
         fail("--outbox and --results go together")
+    if claim is not None and outbox is None:
+        fail("--claim goes with --outbox")
 
     def start() -> Broker:
         broker = Broker(cfg, registry, pol)
         if outbox is not None and results is not None:
-            broker.add(attach(sandbox, outbox, results, cfg.state_dir))
+            broker.add(attach(sandbox, outbox, results, cfg.state_dir, claim))
         if root is not None or outbox is None:
             broker.serve_root((root or cfg.state_dir) / "sandboxes")
         hooks = webhooks_from(cfg.notify)
