@@ -8,6 +8,7 @@ Runs inside the wake-up's transaction. A stage ends a request by raising an Outc
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from typing import Any
 
 from broker import clock
@@ -15,6 +16,7 @@ from broker.batch import Batch
 from broker.config import Config
 from broker.context import Memo, context_for
 from broker.errors import Denied, EffectFailed, Issue, Outcome, Rejected
+from broker.events import Assessed
 from broker.intake import Read
 from broker.ledger import Ledger
 from broker.lifecycle import Lifecycle
@@ -54,6 +56,8 @@ class Admission:
         self.validator = validator
         self.lifecycle = lifecycle
         self.ledger: Ledger = lifecycle.ledger
+        self.held: Counter[str] = Counter()  # per sandbox: held for a preview
+        self._counted: set[tuple[str, str]] = set()
 
     def admit(self, read: Read, batch: Batch) -> None:
         """Record `read` and route it; its claimed files go once this commits."""
@@ -86,10 +90,8 @@ class Admission:
         self.lifecycle.receive(record)
         try:
             self._route(record, request, batch)
-        except PolicyDenied as exc:
-            batch.answer.append(self.lifecycle.reject(record, exc, exc.rule))
         except Outcome as exc:
-            batch.answer.append(self.lifecycle.reject(record, exc))
+            batch.answer.append(self.lifecycle.reject(record, exc, getattr(exc, "rule", None)))
 
     def _route(self, record: Record, request: Request, batch: Batch) -> None:
         self.validator.params(request.effect, request.params)
@@ -97,12 +99,20 @@ class Admission:
         memo = Memo()
         ctx = context_for(self.config, record, memo)
         effect.check(request.params, ctx)
-        record = record.evolve(
-            reversible=effect.reversible_for(request.params, ctx), seen=memo.recall()
-        )
         if self._replay(record, request, batch):
             return
-        verdict = self.policy.classify(request.effect, request.params, bool(record.reversible))
+        if not effect.assess_inline:  # it may ask a service: never under the write lock
+            self.hold(self.lifecycle.hold(record), batch)
+            return
+        reversible = effect.reversible_for(request.params, ctx)
+        self.classify(record.evolve(reversible=reversible, seen=memo.recall()), batch)
+
+    def classify(self, record: Record, batch: Batch, preview: dict[str, Any] | None = None) -> None:
+        """Apply, park or deny a request whose reversibility is known; a request people
+        must decide is held until its preview, made off the loop, comes back."""
+        params = record.envelope["params"]
+        effect = self.registry.effect(record.effect or "")
+        verdict = self.policy.classify(effect.name, params, bool(record.reversible))
         if verdict.action == "deny":
             raise PolicyDenied(f"denied by policy ({verdict.rule}): {verdict.reason}", verdict.rule)
         if verdict.action == "auto":
@@ -112,17 +122,53 @@ class Admission:
             else:
                 batch.apply.append(record)
             return
+        self._check_cap(record)
+        if preview is None:
+            self.hold(record if record.seq is not None else self.lifecycle.hold(record), batch)
+            return
+        record = self.lifecycle.park(record, verdict, preview)
+        batch.answer.append(record)
+        batch.deadlines.append(record)
+
+    def _check_cap(self, record: Record) -> None:
         cap = self.config.limits.max_pending_per_sandbox
-        if self.ledger.count_waiting(record.sandbox) >= cap:
+        waiting = self.ledger.count_waiting(record.sandbox) + self.held[record.sandbox]
+        if waiting >= cap:
             raise PolicyDenied(
                 f"denied: {cap} requests from this sandbox already wait for a person; "
                 "wait for their results before sending more",
                 "pending_cap",
             )
-        preview = preview_of(effect, request.params, ctx, record)
-        record = self.lifecycle.park(record.evolve(seen=memo.recall()), verdict, preview)
-        batch.answer.append(record)
-        batch.deadlines.append(record)
+
+    def hold(self, record: Record, batch: Batch) -> None:
+        """Queue work off the loop for a held request. One held for its preview is known
+        to wait for people, so it counts against the sandbox's pending cap already."""
+        if record.reversible is not None and record.key not in self._counted:
+            self._counted.add(record.key)
+            self.held[record.sandbox] += 1
+        batch.assess.append(record)
+
+    def resume(self, record: Record, done: Assessed, batch: Batch) -> None:
+        """The work off the loop came back for a held request: carry on from there."""
+        if record.key in self._counted:
+            self._counted.discard(record.key)
+            self.held[record.sandbox] -= 1
+        try:
+            if done.refused is not None:
+                status, reason, issues = done.refused
+                raise _Refused(status, reason, issues)
+            preview = done.preview
+            if done.broken is not None:
+                preview = _no_preview(record.effect or "", done.broken)
+            reversible = record.reversible
+            if reversible is None:
+                reversible = bool(done.reversible) and done.broken is None  # fail closed
+            record = record.evolve(reversible=reversible, seen=done.seen or record.seen)
+            self.classify(record, batch, preview)
+        except Outcome as exc:
+            record = self.lifecycle.reject(record, exc, getattr(exc, "rule", None))
+            batch.answer.append(record)
+            batch.answer.extend(self.lifecycle.settle_replays(record))
 
     def _replay(self, record: Record, request: Request, batch: Batch) -> bool:
         key = request.idempotency_key
@@ -188,22 +234,61 @@ class Admission:
         self.lifecycle.audit("duplicate_id", existing, sha256=sha, name=stem)
 
 
+def assess(effect: Effect, record: Record, policy: Policy, config: Config) -> Assessed:
+    """Off the loop: a held request's reversibility (if unknown) and, when people must
+    decide, its preview. Never raises: what went wrong travels in the event."""
+    memo = Memo(record.seen)
+    ctx = context_for(config, record, memo)
+    params = record.envelope["params"]
+    reversible = record.reversible
+    try:
+        if reversible is None:
+            reversible = effect.reversible_for(params, ctx)
+        verdict = policy.classify(effect.name, params, bool(reversible))
+        preview = preview_of(effect, params, ctx, record) if verdict.action == "approve" else None
+    except EffectFailed as exc:
+        issues = [i.to_json() for i in getattr(exc, "issues", ())]
+        return Assessed(record.key, record.sha256 or "", refused=(exc.status, exc.reason, issues))  # type: ignore[arg-type]
+    except Exception:
+        log.exception("assessing %s/%s failed", record.sandbox, record.id)
+        return Assessed(
+            record.key,
+            record.sha256 or "",
+            broken="the handler failed while assessing this request; see the broker's log",
+        )
+    return Assessed(record.key, record.sha256 or "", reversible, preview, memo.recall())
+
+
 def preview_of(effect: Effect, params: Params, ctx: Context, record: Record) -> dict[str, Any]:
     """The handler's preview, or a card saying why there is none (never a reason to apply)."""
     try:
         return effect.preview(params, ctx).to_json()
     except EffectFailed as exc:
-        body = exc.reason
+        return _no_preview(effect.name, exc.reason)
     except Exception:
         log.exception("preview of %s/%s failed", record.sandbox, record.id)
-        body = "the handler failed while computing its preview; see the broker's log"
+        return _no_preview(
+            effect.name, "the handler failed while computing its preview; see the broker's log"
+        )
+
+
+def _no_preview(effect: str, why: str) -> dict[str, Any]:
     return {
         "title": "the preview could not be computed",
-        "target": effect.name,
-        "body": body,
+        "target": effect,
+        "body": why,
         "body_kind": "text",
         "facts": [],
     }
+
+
+class _Refused(Outcome):
+    """The handler's own answer from work off the loop, replayed as an Outcome."""
+
+    def __init__(self, status: str, reason: str, issues: list[dict[str, str]]) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.issues = tuple(Issue(i["path"], i["code"], i["message"]) for i in issues)
 
 
 def _safe_to_repeat(effect: Effect, record: Record, config: Config) -> bool:

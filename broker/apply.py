@@ -91,15 +91,18 @@ class Workers:
                 self._lock.notify_all()
         return late
 
-    def next_deadline(self) -> float | None:
-        """Seconds until the earliest running job's deadline, if any."""
+    def next_deadline(self) -> float:
+        """Seconds until the earliest running job's deadline (an hour if none is near;
+        none at all once no more jobs can be abandoned)."""
         with self._lock:
+            if self._abandoned >= MAX_ABANDONED:
+                return 3600.0
             due = [
                 j.started + j.deadline - time.monotonic()
                 for j in self._active
                 if j.deadline is not None and j.started is not None
             ]
-        return max(0.0, min(due)) if due else None
+        return max(0.0, min(due)) if due else 3600.0
 
     def shutdown(self, wait: bool = True) -> None:
         """Run what is queued, then stop the threads (abandoned ones are not waited for)."""

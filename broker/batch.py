@@ -19,6 +19,7 @@ class Batch:
     answer: list[Record] = field(default_factory=list)  # result files to write
     apply: list[Record] = field(default_factory=list)  # to hand to the workers
     inline: list[Record] = field(default_factory=list)  # to apply inside this commit
+    assess: list[Record] = field(default_factory=list)  # held: assess or preview off the loop
     deadlines: list[Record] = field(default_factory=list)  # pending: watch their deadline
     settled: list[Record] = field(default_factory=list)  # done applying: drop start marks
 
@@ -31,4 +32,4 @@ class Batch:
             del getattr(self, name)[length:]
 
 
-_LISTS = ("remove", "answer", "apply", "inline", "deadlines", "settled")
+_LISTS = ("remove", "answer", "apply", "inline", "assess", "deadlines", "settled")

@@ -30,6 +30,7 @@ BROKER_KEYS = {
     "rescan_interval",
     "allow_as",
     "max_pending_per_sandbox",
+    "preview_timeout",
 }
 
 
@@ -57,6 +58,7 @@ class Config:
     web: Mapping[str, Any] = field(default_factory=dict)
     approvers: Mapping[str, Any] = field(default_factory=dict)
     rescan_interval_s: float = 30.0
+    preview_timeout_s: float = 30.0  # a handler's assessment or preview, off the loop
     allow_as: bool = False
     source: Path | None = None
 
@@ -282,6 +284,7 @@ def load_config(
         web=data.get("web", {}),
         approvers=data.get("approvers", {}),
         rescan_interval_s=_duration(section.get("rescan_interval", "30s"), "rescan_interval"),
+        preview_timeout_s=_duration(section.get("preview_timeout", "30s"), "preview_timeout"),
         allow_as=bool(section.get("allow_as", False)),
         source=path,
     )

@@ -53,16 +53,19 @@ class Applied:
 
 @dataclass(frozen=True, slots=True)
 class Assessed:
-    """Off-loop work for a recorded request came back: its reversibility, or its preview
-    (`preview` set); `seen` is what the handler remembered; `failure` says why it could
-    not be done (the request then waits for a person, never applied on a guess)."""
+    """Work done off the loop for a held request came back: its reversibility (when it
+    was not known), its preview (when people must decide), and what the handler
+    remembered. `refused` is the handler's own answer (an EffectFailed: the request
+    fails with it); `broken` says why the work could not be done (a crash, a timeout):
+    the request is then treated as irreversible, never applied on a guess."""
 
     key: Key
     sha256: str
     reversible: bool | None = None
     preview: dict[str, Any] | None = None
     seen: dict[str, Any] | None = None
-    failure: str | None = None
+    refused: tuple[State, str, list[dict[str, str]]] | None = None
+    broken: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,6 +76,9 @@ class Lifecycle:
             changes.setdefault("seen", None)  # what the approver saw ends with the request
         if record.seq is None:
             return self.ledger.insert(record.evolve(**changes))
+        # what work off the loop learnt since the row was written travels with the move
+        changes.setdefault("reversible", record.reversible)
+        changes.setdefault("seen", record.seen)
         return self.ledger.update(record, **changes)
 
     # -- a new request --------------------------------------------------------------

@@ -22,13 +22,14 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from broker import clock, intake, recovery
-from broker.admission import Admission
-from broker.apply import Workers, call
+from broker.admission import Admission, assess
+from broker.apply import Job, Workers, call
 from broker.audit import AuditLog, AuditWriter
 from broker.batch import Batch
 from broker.config import Config
 from broker.events import (
     Applied,
+    Assessed,
     Control,
     DirsChanged,
     Event,
@@ -83,6 +84,8 @@ class Broker:
         self.events: queue.Queue[Event] = queue.Queue()
         self.backlog = Backlog()
         self._workers = Workers(threads=workers)
+        self._assessors = Workers(threads=workers, name="broker-assess")
+        self._assessing: dict[tuple[str, str], Job] = {}
         self._in_flight: set[tuple[str, str]] = set()
         self._deadlines: list[tuple[str, str, str]] = []
         self._consumed: deque[tuple[Outbox, str]] = deque()
@@ -150,8 +153,10 @@ class Broker:
                     0.05 if self._consumed else 0.5,  # idle moments purge consumed files
                     max(0.0, next_rescan - time.monotonic()),
                     self._until_deadline(),
+                    self._assessors.next_deadline(),
                 )
                 items = self._take(timeout)
+                items.extend(self._overdue())
                 if self._watcher is not None and not self._watcher.alive():
                     items.append(self._replace_watcher())
                 if not items:
@@ -184,9 +189,12 @@ class Broker:
         end = time.monotonic() + timeout
         self.rescan()
         while time.monotonic() < end:
-            self.step(self._take(0.05))
+            items = self._take(0.05)
+            items.extend(self._overdue())
+            self.step(items)
             if (
                 not self._in_flight
+                and not self._assessing
                 and self.events.empty()
                 and not self.backlog
                 and not self._pending_files()
@@ -211,6 +219,7 @@ class Broker:
         if self._watcher is not None:
             self._watcher.stop()
             self._watcher = None
+        self._assessors.shutdown(wait=False)  # held requests are assessed again at start
         self._workers.shutdown(wait=True)
         while items := self._take(0):  # applies that finished during shutdown
             self.step(items)
@@ -266,6 +275,7 @@ class Broker:
     def step(self, items: Iterable[Event]) -> None:
         files: dict[tuple[str, str], Outbox] = {}
         done: list[Applied] = []
+        assessed: list[Assessed] = []
         reload = False
         for item in items:
             if isinstance(item, FileSeen):
@@ -274,6 +284,9 @@ class Broker:
                     files.setdefault((box.sandbox, item.name), box)
             elif isinstance(item, Applied):
                 done.append(item)
+            elif isinstance(item, Assessed):
+                if self._assessing.pop(item.key, None) is not None:
+                    assessed.append(item)  # else: given up on at its deadline
             elif isinstance(item, DirsChanged):
                 self._discover()
                 reload = True
@@ -283,7 +296,8 @@ class Broker:
             elif isinstance(item, Control):
                 self._control(item)
         due = self._due()
-        if not (files or done or due or reload or self.answers.written or self.audit.durable):
+        busy = files or done or assessed or due or reload
+        if not (busy or self.answers.written or self.audit.durable):
             return
         batch = Batch()
         claimed = [(box, name, self.claims.claim(box, name)) for (_, name), box in files.items()]
@@ -294,6 +308,8 @@ class Broker:
                     self._intake(box, name, where, batch)
             for item in done:
                 self._finish(item, batch)
+            for back in assessed:
+                self._resume(back, batch)
             for sandbox, request_id in due:
                 self._expire(sandbox, request_id, batch)
             if reload:
@@ -338,6 +354,8 @@ class Broker:
                 heapq.heappush(self._deadlines, (record.expires_at, record.sandbox, record.id))
         for record in batch.apply:
             self._submit(record)
+        for record in batch.assess:
+            self._assess(record)
 
     def _mark_synced(self) -> None:
         written = self.answers.take_written()
@@ -368,6 +386,59 @@ class Broker:
             self.events.put(call(effect, record, self.config, self.started))
 
         self._workers.submit(record.sandbox, run)
+
+    def _assess(self, record: Record) -> None:
+        """Off the loop, with a deadline: reversibility and preview of a held request."""
+        if record.key in self._assessing:
+            return
+        effect = self.registry.effect(record.effect or "")
+
+        def run() -> None:
+            self.events.put(assess(effect, record, self.policy, self.config))
+
+        self._assessing[record.key] = self._assessors.submit(
+            record.sandbox, run, self.config.preview_timeout_s
+        )
+
+    def _overdue(self) -> list[Assessed]:
+        """Assessments past their deadline are given up on: the request goes on as if
+        irreversible, with a card saying why there is no preview."""
+        late = self._assessors.overdue()
+        if not late:
+            return []
+        back = []
+        for key, job in list(self._assessing.items()):
+            if job in late:  # its key stays: the event below is the one that counts
+                record = self.ledger.get(*key)
+                if record is None:
+                    continue
+                log.warning(
+                    "sandbox %s: the %s handler did not answer within %gs; %s waits for a "
+                    "person without a preview",
+                    key[0],
+                    record.effect,
+                    self.config.preview_timeout_s,
+                    key[1],
+                )
+                why = (
+                    f"the handler did not answer within {self.config.preview_timeout_s:g}s "
+                    "(the service may be slow or down)"
+                )
+                back.append(Assessed(key, record.sha256 or "", broken=why))
+        return back
+
+    def _resume(self, done: Assessed, batch: Batch) -> None:
+        record = self.ledger.get(*done.key)
+        if record is None or record.state != "received" or record.sha256 != done.sha256:
+            return
+        mark = batch.mark()
+        try:
+            with self.ledger.savepoint():
+                self.admission.resume(record, done, batch)
+                self._apply_inline(batch)
+        except Exception:
+            log.exception("sandbox %s: could not go on with %s", record.sandbox, record.id)
+            batch.rollback(mark)
 
     def _apply_inline(self, batch: Batch) -> None:
         """Fast handlers, safe to repeat, applied in their request's own commit (a crash
@@ -424,6 +495,7 @@ class Broker:
             recovery.reload(self.ledger, self.lifecycle, batch)
             recovery.missing_results(self.ledger, boxes, batch)
             recovery.deadlines(self.ledger, batch)
+            recovery.held(self.ledger, self.admission, batch)
         self._after_commit(batch)
 
     def _control(self, item: Control) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from broker.admission import Admission
 from broker.apply import idempotent
 from broker.batch import Batch
 from broker.config import Config
@@ -86,6 +87,13 @@ def missing_results(ledger: Ledger, boxes: list[Outbox], batch: Batch) -> None:
                 record = ledger.get(box.sandbox, request_id)
                 if record is not None:
                     batch.answer.append(record)
+
+
+def held(ledger: Ledger, admission: Admission, batch: Batch) -> None:
+    """Requests held for work off the loop (an assessment, a preview) get it again."""
+    for record in ledger.in_states(["received"]):
+        if record.replay_of is None:
+            admission.hold(record, batch)
 
 
 def deadlines(ledger: Ledger, batch: Batch) -> None:

@@ -24,6 +24,7 @@ from effects.base import (
     REQUIRED_METHODS,
     Context,
     EffectHandler,
+    Handler,
 )
 
 ENTRY_POINT_GROUP = "broker.effects"
@@ -65,7 +66,15 @@ class Effect:
 
     @property
     def assess_inline(self) -> bool:
-        return bool(getattr(self.handler, "assess_inline", False) or self.inline)
+        """Whether `reversible_for` may run on the loop: the handler says so, or it has
+        no reversible_for of its own (the default reads a flag)."""
+        own = getattr(type(self.handler), "reversible_for", None)
+        return bool(
+            getattr(self.handler, "assess_inline", False)
+            or self.inline
+            or own is None
+            or own is Handler.reversible_for
+        )
 
     @property
     def revertible(self) -> bool:

@@ -120,6 +120,7 @@ class FakeHandler:
     """An effect that records each apply in memory; `fail` in params makes it fail."""
 
     undo: str = "nothing to undo: the fake handler only records calls"
+    assess_inline: bool = True  # its reversible_for reads a flag
 
     def __init__(
         self,

@@ -44,8 +44,10 @@ Optional members (absent: the default below; present: the registry checks the ty
 - `reversible_for(params, ctx) -> bool`: this request's reversibility (an S3 put
   over an unversioned object is not). Default: `reversible`.
 - `assess_inline: bool`: `reversible_for` reads only local state and returns at once,
-  so the broker may call it on its loop. Default False: it runs on a worker, and a
-  request whose assessment fails or times out is never applied without a person.
+  so the broker may call it on its loop. Default False for a handler with a
+  `reversible_for` of its own: it runs on a worker with a deadline, and a request whose
+  assessment breaks or times out is treated as irreversible (never applied on a
+  guess). A handler without its own `reversible_for` is assessed on the loop.
 - `idempotent_for(params, ctx) -> bool`: may this request be applied again after a
   crash mid-apply? (A GET may, a POST may not.) Default: `idempotent`.
 - `inline: bool`: `apply` returns in microseconds, touches only local state and is

@@ -302,10 +302,22 @@ def test_handler_with_only_required_members_gets_the_defaults() -> None:
     ctx = make_context()
     assert effect.reversible_for({}, ctx) is True
     assert effect.idempotent_for({}, ctx) is True
-    assert effect.inline is False and effect.assess_inline is False
+    assert effect.inline is False
+    assert effect.assess_inline is True  # no reversible_for of its own: nothing to ask
     assert effect.revertible is False
     effect.check({}, ctx)
     effect.check_config({"anything": 1})
+
+
+def test_own_reversible_for_is_assessed_off_the_loop_unless_declared_local() -> None:
+    """A handler with its own reversible_for may ask a service: off the loop by default."""
+    remote = FakeHandler("demo.remote")
+    remote.assess_inline = False
+    registry = Registry()
+    registry.register(remote, "plugin-x")
+    registry.register(FakeHandler("demo.local"), "plugin-x")
+    assert registry.effect("demo.remote").assess_inline is False
+    assert registry.effect("demo.local").assess_inline is True
 
 
 def test_minimal_handler_is_applied_by_a_real_broker(tmp_path: Path) -> None:
