@@ -58,6 +58,7 @@ class Admission:
         self.ledger: Ledger = lifecycle.ledger
         self.held: Counter[str] = Counter()  # per sandbox: held for a preview
         self._counted: set[tuple[str, str]] = set()
+        self.bad_reuse = Reuses()
 
     def admit(self, read: Read, batch: Batch) -> None:
         """Record `read` and route it; its claimed files go once this commits."""
@@ -74,7 +75,7 @@ class Admission:
         assert request is not None
         existing = self.ledger.get(box.sandbox, request.id)
         if existing is not None:
-            self._duplicate(existing, read.stem, request.sha256)
+            self._duplicate(existing, read, request.sha256, received, batch)
             return
         record = Record(
             sandbox=box.sandbox,
@@ -206,7 +207,7 @@ class Admission:
         existing = self.ledger.get(read.box.sandbox, rid)
         if existing is not None:
             if existing.sha256 != sha:  # else: the same bytes again, read after a restart
-                self._duplicate(existing, read.stem, sha256_hex(raw))
+                self._duplicate(existing, read, sha256_hex(raw), received, batch)
             return
         effect = doc.get("effect") if isinstance(doc, dict) else None
         record = Record(
@@ -221,17 +222,52 @@ class Admission:
         self.lifecycle.receive(record)
         batch.answer.append(self.lifecycle.reject(record, exc))
 
-    def _duplicate(self, existing: Record, stem: str, sha: str | None) -> None:
+    def _duplicate(
+        self, existing: Record, read: Read, sha: str | None, received: str, batch: Batch
+    ) -> None:
+        """An id used again with other content. The first request's result stands; the
+        new file gets an `invalid` result of its own under its file's name, unless that
+        name is itself a request id already (then the audit log is its only record)."""
         if existing.sha256 == sha:
             return  # the same bytes again (a retry, or a file read before a crash)
-        log.warning(
-            "sandbox %s: %s reused request id %r with other content; the first "
-            "request's result stands",
-            existing.sandbox,
-            stem,
-            existing.id,
+        self.lifecycle.audit("duplicate_id", existing, sha256=sha, name=read.stem)
+        if self.ledger.get(existing.sandbox, read.stem) is not None:
+            self.bad_reuse.note(existing.sandbox, existing.id, read.stem)
+            return
+        message = (
+            f"the id {existing.id!r} is already used by another request in this sandbox "
+            "(its result stands); give every request an id of its own"
         )
-        self.lifecycle.audit("duplicate_id", existing, sha256=sha, name=stem)
+        record = Record(
+            sandbox=existing.sandbox,
+            id=read.stem,
+            name=read.stem,
+            state="received",
+            received_at=received,
+            effect=existing.effect,
+            sha256=sha,
+        )
+        exc = Rejected(f"invalid: {message}", [Issue("/id", "duplicate_id", message)])
+        batch.answer.append(self.lifecycle.reject(record, exc))
+
+
+class Reuses:
+    """Logs a reused id once per (sandbox, id), not once per version a hostile agent
+    renames over it."""
+
+    def __init__(self) -> None:
+        self._told: set[tuple[str, str]] = set()
+
+    def note(self, sandbox: str, rid: str, stem: str) -> None:
+        if (sandbox, rid) not in self._told and len(self._told) < 10_000:
+            self._told.add((sandbox, rid))
+            log.warning(
+                "sandbox %s: %s reused request id %r with other content; the first "
+                "request's result stands",
+                sandbox,
+                stem,
+                rid,
+            )
 
 
 def assess(effect: Effect, record: Record, policy: Policy, config: Config) -> Assessed:

@@ -161,7 +161,7 @@ class BadNames:
         self.every_s = every_s
         self._seen: set[tuple[str, str]] = set()
         self._suppressed = 0
-        self._told_at = 0.0
+        self._told_at: float | None = None
 
     def note(self, sandbox: str, name: str) -> None:
         key = (sandbox, name)
@@ -173,7 +173,7 @@ class BadNames:
             return
         self._suppressed += 1
         now = time.monotonic()
-        if now - self._told_at >= self.every_s:
+        if self._told_at is None or now - self._told_at >= self.every_s:
             log.warning(
                 "ignoring %d more files whose names are not request names (each is logged "
                 "once, up to %d names)",

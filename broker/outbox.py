@@ -175,6 +175,10 @@ class Served:
                 added.append(box)
         return added
 
+    def outbox_appeared(self) -> bool:
+        """Whether a sandbox still waiting for its outbox has one now."""
+        return any((w / "outbox").is_dir() for w in self._waiting)
+
     def dirs(self) -> list[Path]:
         return [b.outbox for b in self.boxes.values()]
 

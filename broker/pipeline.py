@@ -123,6 +123,9 @@ class Broker:
     def _discover(self) -> None:
         self.served.discover()
         self._rewatch()
+        if self.served.outbox_appeared():  # before its sandbox dir was watched
+            self.served.discover()
+            self._rewatch()
 
     def _rewatch(self) -> None:
         if self._watcher is not None:

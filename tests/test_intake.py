@@ -779,3 +779,21 @@ def test_read_file_reports_a_vanished_file(outbox_fd: int) -> None:
     """A name that is gone raises FileNotFoundError, for the caller to skip quietly."""
     with pytest.raises(FileNotFoundError):
         intake.read_file(outbox_fd, "gone.json", 1024)
+
+
+def test_bad_names_are_logged_once_each_then_counted(caplog: pytest.LogCaptureFixture) -> None:
+    """Each bad name is logged once; past the limit, one line with a count, not one per name
+    per rescan."""
+    from broker.intake import BadNames
+
+    names = BadNames(limit=3, every_s=3600)
+    with caplog.at_level(logging.WARNING, logger="broker"):
+        for _ in range(5):  # five rescans of the same directory
+            for i in range(10):
+                names.note("sb", f"bad name {i}")
+    lines = [r.getMessage() for r in caplog.records]
+    assert [line for line in lines if "not a request name" in line][:3] == [
+        f"sandbox sb: ignoring 'bad name {i}': not a request name" for i in range(3)
+    ]
+    assert len(lines) == 4, lines
+    assert lines[3].startswith("ignoring 1 more files whose names are not request names")

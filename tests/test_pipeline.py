@@ -324,7 +324,8 @@ def test_same_id_other_bytes_keeps_the_first_result(
     start: Start, fake: FakeHandler, second: dict[str, Any]
 ) -> None:
     """An id reused with other content: the first result stands, nothing is applied,
-    and the operator finds a duplicate_id event in the audit log."""
+    the operator finds a duplicate_id event in the audit log, and the new file gets an
+    invalid result of its own under its file's name."""
     h = start(handlers=[fake])
     doc = h.request("test.record", {"value": "first"})
     checked(h.submit(doc))
@@ -339,7 +340,10 @@ def test_same_id_other_bytes_keeps_the_first_result(
     mine = [e for e in events(h) if e["id"] == doc["id"]]
     assert [e["event"] for e in mine].count("received") == 1
     assert "duplicate_id" in [e["event"] for e in mine]
-    assert not (h.results / "reuse.json").exists()
+    own = h.wait("reuse")
+    assert own["status"] == "invalid" and own["id"] == "reuse"
+    assert [e["code"] for e in own["errors"]] == ["duplicate_id"]
+    assert doc["id"] in own["reason"]
 
 
 # -- what the agent and the operator see ---------------------------------------------
