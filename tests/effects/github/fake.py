@@ -9,7 +9,7 @@ Why it exists next to Prism: Prism answers every call with the spec's example an
 no state, so what depends on state (an open pull request found again, a base that moved,
 a blob that changed, a branch created then deleted) is tested here.
 
-Used by tests/effects/test_github.py and scripts/demo_github.py.
+Used by the tests under tests/effects/github/ and by scripts/demo_github.py.
 """
 
 from __future__ import annotations
