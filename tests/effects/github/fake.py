@@ -1,6 +1,6 @@
 """A recording stand-in for the GitHub REST API on 127.0.0.1, with state.
 
-Only the endpoints effects/github.py calls. Branches, commits, trees and blobs are those
+Only the endpoints effects/github/ calls. Branches, commits, trees and blobs are those
 of a real bare git repository per repo (so a `git.push` to that repository and this
 fake see the same branches); pull requests, issues, comments and labels live in memory.
 Every request is recorded (`calls`), and faults can be queued per route (`fault`).
