@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,23 +136,58 @@ class Settings(Mapping[str, Any]):
     def __repr__(self) -> str:
         return f"Settings({self.where}: {sorted(self._data)})"
 
+    @staticmethod
+    def key(*parts: str) -> str:
+        """A dotted key naming exactly `parts`, as TOML writes it: a part holding
+        anything but letters, digits, '-' and '_' is quoted (`remotes."github.com".token`)."""
+        for part in parts:
+            if '"' in part or not part:
+                raise ValueError(f"{part!r} cannot be part of a settings key")
+        return _joined(parts)
+
     def table(self, dotted: str) -> Settings | None:
         """The nested table at a dotted key (`remotes.origin`), or None."""
+        return self._at(_key_parts(dotted))
+
+    def _at(self, parts: list[str]) -> Settings | None:
         node: Any = self._data
-        for part in dotted.split("."):
+        for part in parts:
             node = node.get(part) if isinstance(node, Mapping) else None
         if not isinstance(node, Mapping):
             return None
-        return Settings(node, f"{self.where}.{dotted}", self.base_dir)
+        return Settings(node, f"{self.where}.{_joined(parts)}", self.base_dir)
 
     def secret(self, key: str) -> str | None:
         """The value behind `<key>_env` / `<key>_file` (a dotted key reaches a nested
-        table), or None when neither is set; ConfigError naming the key if unreadable."""
-        path, _, leaf = key.rpartition(".")
-        table = self.table(path) if path else self
+        table; `Settings.key` quotes names holding dots), or None when neither is set;
+        ConfigError naming the key if unreadable."""
+        *path, leaf = _key_parts(key)
+        table = self._at(path) if path else self
         if table is None:
             return None
         return resolve_secret(table._data, leaf, table.where, self.base_dir)
+
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_KEY_PART = re.compile(r'"([^"]+)"|([^".]+)')
+
+
+def _joined(parts: Iterable[str]) -> str:
+    return ".".join(p if _BARE_KEY.fullmatch(p) else f'"{p}"' for p in parts)
+
+
+def _key_parts(dotted: str) -> list[str]:
+    """`a."b.c".d` → ["a", "b.c", "d"]; anything unquoted splits at each dot."""
+    parts: list[str] = []
+    pos = 0
+    while pos <= len(dotted):
+        found = _KEY_PART.match(dotted, pos)
+        end = found.end() if found else pos
+        if found is None or (end < len(dotted) and dotted[end] != "."):
+            return dotted.split(".")  # not TOML-shaped: read as it always was
+        parts.append(found.group(1) or found.group(2))
+        pos = end + 1
+    return parts
 
 
 def resolve_secret(

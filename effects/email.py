@@ -26,7 +26,7 @@ import re
 import smtplib
 import socket
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.headerregistry import Address
@@ -37,17 +37,17 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from broker.clock import parse_duration
-from broker.config import resolve_secret
 from broker.errors import ConfigError, EffectFailed, InvalidParams
 from broker.models import Preview
 from broker.typing import JSON, Params
-from effects.base import Context, Handler
+from effects.base import Context, Handler, Settings
 
 SECURITY_PORTS = {"starttls": 587, "ssl": 465, "none": 25}
 _LOCAL = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*"
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _ADDR_SPEC = re.compile(rf"(?P<local>{_LOCAL})@(?P<domain>{_LABEL}(?:\.{_LABEL})+)")
 _NAME_ADDR = re.compile(r"(?P<name>[^<>\x00-\x1f]*?)\s*<(?P<spec>[^<>]*)>")
+Secret = Callable[[str], str | None]
 
 
 def parse_mailbox(text: str, where: str) -> Address:
@@ -74,7 +74,7 @@ def parse_mailbox(text: str, where: str) -> Address:
 
 
 @dataclass(frozen=True)
-class Settings:
+class EmailSettings:
     """`[integrations.email]`, checked, the password resolved."""
 
     host: str
@@ -97,45 +97,13 @@ class Settings:
         return f"{self.host}:{self.port} ({self.security})"
 
 
-def settings_from(table: Mapping[str, Any]) -> Settings:
-    """Parse and check `[integrations.email]`; a fault names the key."""
+def settings_from(table: Mapping[str, Any], secret: Secret | None = None) -> EmailSettings:
+    """Parse and check `[integrations.email]`; a fault names the key. The password comes
+    from `secret` (`ctx.secret`), else resolves in `table` as at start."""
     where = "integrations.email"
-    host = table.get("host")
-    if not isinstance(host, str) or not host:
-        raise ConfigError(f"{where}.host: required, the SMTP server's host name")
-    security = table.get("security", "starttls")
-    if security not in SECURITY_PORTS:
-        raise ConfigError(f"{where}.security: starttls, ssl or none; got {security!r}")
-    port = table.get("port", SECURITY_PORTS[security])
-    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
-        raise ConfigError(f"{where}.port: a port number, got {port!r}")
-    sender_text = table.get("from")
-    if not isinstance(sender_text, str):
-        raise ConfigError(f'{where}.from: required, e.g. "Agent <agent@example.com>"')
-    try:
-        sender = parse_mailbox(sender_text, "from")
-    except InvalidParams as exc:
-        raise ConfigError(f"{where}.from: {exc.issues[0].message}") from exc
-    domains = table.get("allow_domains")
-    if (
-        not isinstance(domains, list)
-        or not domains
-        or not all(isinstance(d, str) and d for d in domains)
-    ):
-        raise ConfigError(
-            f'{where}.allow_domains: required, recipient domains such as ["example.com", '
-            '"*.example.com"]; ["*"] allows any'
-        )
-    username = table.get("username")
-    if username is not None and not isinstance(username, str):
-        raise ConfigError(f"{where}.username: expected a string")
-    password = resolve_secret(table, "password", where)
-    if password is not None and username is None:
-        raise ConfigError(f"{where}.username: required when a password is set")
-    if password is not None and security == "none":
-        raise ConfigError(
-            f"{where}.security: 'none' would send the SMTP password in clear; use starttls or ssl"
-        )
+    host, port, security = _server(table, where)
+    sender, domains = _sender(table, where), _domains(table, where)
+    username, password = _login(table, where, security, secret or Settings.of(table, where).secret)
     max_recipients = table.get("max_recipients", 20)
     if (
         not isinstance(max_recipients, int)
@@ -154,12 +122,12 @@ def settings_from(table: Mapping[str, Any]) -> Settings:
         raise ConfigError(
             f"{where}.ca_file: {ca_file!r} is not a readable file of PEM certificates"
         )
-    return Settings(
+    return EmailSettings(
         host=host,
         port=port,
         security=security,
         sender=sender,
-        allow_domains=tuple(d.lower() for d in domains),
+        allow_domains=domains,
         username=username,
         password=password,
         max_recipients=max_recipients,
@@ -167,6 +135,59 @@ def settings_from(table: Mapping[str, Any]) -> Settings:
         helo=table.get("helo"),
         ca_file=ca_file,
     )
+
+
+def _server(table: Mapping[str, Any], where: str) -> tuple[str, int, str]:
+    host = table.get("host")
+    if not isinstance(host, str) or not host:
+        raise ConfigError(f"{where}.host: required, the SMTP server's host name")
+    security = table.get("security", "starttls")
+    if security not in SECURITY_PORTS:
+        raise ConfigError(f"{where}.security: starttls, ssl or none; got {security!r}")
+    port = table.get("port", SECURITY_PORTS[security])
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+        raise ConfigError(f"{where}.port: a port number, got {port!r}")
+    return host, port, security
+
+
+def _sender(table: Mapping[str, Any], where: str) -> Address:
+    sender_text = table.get("from")
+    if not isinstance(sender_text, str):
+        raise ConfigError(f'{where}.from: required, e.g. "Agent <agent@example.com>"')
+    try:
+        return parse_mailbox(sender_text, "from")
+    except InvalidParams as exc:
+        raise ConfigError(f"{where}.from: {exc.issues[0].message}") from exc
+
+
+def _domains(table: Mapping[str, Any], where: str) -> tuple[str, ...]:
+    domains = table.get("allow_domains")
+    if (
+        not isinstance(domains, list)
+        or not domains
+        or not all(isinstance(d, str) and d for d in domains)
+    ):
+        raise ConfigError(
+            f'{where}.allow_domains: required, recipient domains such as ["example.com", '
+            '"*.example.com"]; ["*"] allows any'
+        )
+    return tuple(d.lower() for d in domains)
+
+
+def _login(
+    table: Mapping[str, Any], where: str, security: str, secret: Secret
+) -> tuple[str | None, str | None]:
+    username = table.get("username")
+    if username is not None and not isinstance(username, str):
+        raise ConfigError(f"{where}.username: expected a string")
+    password = secret("password")
+    if password is not None and username is None:
+        raise ConfigError(f"{where}.username: required when a password is set")
+    if password is not None and security == "none":
+        raise ConfigError(
+            f"{where}.security: 'none' would send the SMTP password in clear; use starttls or ssl"
+        )
+    return username, password
 
 
 @dataclass(frozen=True)
@@ -183,7 +204,7 @@ class Envelope:
         return list(dict.fromkeys(a.addr_spec for a in (*self.to, *self.cc, *self.bcc)))
 
 
-def envelope(params: Params, settings: Settings) -> Envelope:
+def envelope(params: Params, settings: EmailSettings) -> Envelope:
     """Parse every address; refuse a domain the host does not allow."""
     if "text" not in params and "html" not in params:
         raise InvalidParams("/params/text", "give text, html or both", "no_body")
@@ -225,7 +246,7 @@ def message_id(ctx: Context, sender: Address) -> str:
 
 
 def build_message(
-    params: Params, settings: Settings, env: Envelope, ctx: Context, when: datetime
+    params: Params, settings: EmailSettings, env: Envelope, ctx: Context, when: datetime
 ) -> EmailMessage:
     """The message exactly as it is sent (Bcc goes in the envelope only)."""
     msg = EmailMessage(policy=email.policy.SMTP)
@@ -286,13 +307,13 @@ class EmailSend(Handler):
             settings_from(settings)
 
     @staticmethod
-    def _settings(ctx: Context) -> Settings:
+    def _settings(ctx: Context) -> EmailSettings:
         if not ctx.settings:
             raise EffectFailed(
                 "failed: email.send is not configured on this host ([integrations.email])"
             )
         try:
-            return settings_from(ctx.settings)
+            return settings_from(ctx.settings, ctx.secret)
         except ConfigError as exc:
             raise EffectFailed(
                 f"failed: email.send is misconfigured on this host ({exc}); tell the operator"
@@ -345,7 +366,7 @@ class EmailSend(Handler):
         }
 
     @staticmethod
-    def _connect(settings: Settings) -> smtplib.SMTP:
+    def _connect(settings: EmailSettings) -> smtplib.SMTP:
         context = ssl.create_default_context()
         if settings.ca_file:
             context.load_verify_locations(cafile=settings.ca_file)
@@ -389,7 +410,7 @@ def _answer(exc: smtplib.SMTPResponseException) -> str:
     return f"{exc.smtp_code} {_text(exc.smtp_error)}".strip()
 
 
-def _smtp_reason(exc: BaseException, s: Settings) -> str:
+def _smtp_reason(exc: BaseException, s: EmailSettings) -> str:
     """What went wrong, most specific class first, as a sentence for the agent."""
     server = f"the SMTP server {s.host}:{s.port}"
     match exc:
@@ -447,7 +468,7 @@ def _smtp_reason(exc: BaseException, s: Settings) -> str:
             return f"could not talk to {server} ({detail}); try again later"
 
 
-def smtp_failure(exc: BaseException, settings: Settings) -> EffectFailed:
+def smtp_failure(exc: BaseException, settings: EmailSettings) -> EffectFailed:
     """The EffectFailed for an smtplib or socket error; never holds the password."""
     reason = _smtp_reason(exc, settings)
     if settings.password:

@@ -28,11 +28,10 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-from broker.config import resolve_secret
 from broker.errors import ConfigError, EffectFailed, InvalidParams
 from broker.models import Preview
 from broker.typing import JSON, Params
-from effects.base import Context, Handler
+from effects.base import Context, Handler, Settings
 
 MAX_PATCH = 1 << 20
 TIMEOUT_S = 120.0
@@ -169,7 +168,7 @@ class GitPush(Handler):
         return Remote(
             name=name,
             url=table["url"],
-            token=resolve_secret(table, "token", f"integrations.git.remotes.{name}"),
+            token=ctx.secret(Settings.key("remotes", name, "token")),
             username=table.get("username", "x-access-token"),
             default_branch=table.get("default_branch", "main"),
         )

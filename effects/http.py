@@ -38,7 +38,7 @@ from broker.clock import parse_duration
 from broker.errors import ConfigError, EffectFailed, InvalidParams
 from broker.models import Preview
 from broker.typing import JSON, Params
-from effects.base import Context, Handler
+from effects.base import Context, Handler, Settings
 from effects.netguard import (
     HTTPX_ERRORS,
     MASK,
@@ -47,6 +47,7 @@ from effects.netguard import (
     IPNetwork,
     NetGuard,
     Resolver,
+    Secret,
     check_ca_file,
     check_literal,
     client,
@@ -98,7 +99,7 @@ class Destination:
 
 
 @dataclass(frozen=True)
-class Settings:
+class HttpSettings:
     """`[integrations.http]`, checked."""
 
     allow: tuple[IPNetwork, ...] = ()
@@ -116,9 +117,11 @@ def _positive(table: Mapping[str, Any], key: str, default: int, where: str) -> i
     return value
 
 
-def settings_from(table: Mapping[str, Any]) -> Settings:
-    """Parse and check `[integrations.http]`; a fault names the key."""
+def settings_from(table: Mapping[str, Any], secret: Secret | None = None) -> HttpSettings:
+    """Parse and check `[integrations.http]`; a fault names the key. Secrets come from
+    `secret` (`ctx.secret`), else resolve in `table` as at start."""
     where = "integrations.http"
+    secret = secret or Settings.of(table, where).secret
     try:
         max_time = parse_duration(table.get("max_response_time", "30s"))
     except ValueError as exc:
@@ -127,8 +130,8 @@ def settings_from(table: Mapping[str, Any]) -> Settings:
     raw = table.get("destinations", {})
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where}.destinations: expected tables [{where}.destinations.NAME]")
-    destinations = {name: _destination(name, spec) for name, spec in raw.items()}
-    return Settings(
+    destinations = {name: _destination(name, spec, secret) for name, spec in raw.items()}
+    return HttpSettings(
         allow=parse_networks(table.get("allow_networks"), f"{where}.allow_networks"),
         destinations=destinations,
         max_bytes=_positive(table, "max_response_bytes", 1024 * 1024, where),
@@ -138,7 +141,7 @@ def settings_from(table: Mapping[str, Any]) -> Settings:
     )
 
 
-def _destination(name: str, spec: Any) -> Destination:
+def _destination(name: str, spec: Any, secret: Secret) -> Destination:
     where = f"integrations.http.destinations.{name}"
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", name):
         raise ConfigError(f"{where}: a destination name is letters, digits, '-' and '_'")
@@ -159,7 +162,9 @@ def _destination(name: str, spec: Any) -> Destination:
     return Destination(
         name=name,
         base=url,
-        headers=parse_headers(spec, where),
+        headers=parse_headers(
+            spec, where, lambda key: secret(f"{Settings.key('destinations', name)}.{key}")
+        ),
         allow=parse_networks(spec.get("allow_networks"), f"{where}.allow_networks"),
     )
 
@@ -185,7 +190,7 @@ class Call:
         return self.destination.headers.values() if self.destination else []
 
 
-def _target_url(params: Params, settings: Settings) -> tuple[httpx.URL, Destination | None]:
+def _target_url(params: Params, settings: HttpSettings) -> tuple[httpx.URL, Destination | None]:
     if ("url" in params) == ("destination" in params) or ("path" in params) != (
         "destination" in params
     ):
@@ -224,7 +229,7 @@ def _target_url(params: Params, settings: Settings) -> tuple[httpx.URL, Destinat
     return url, dest
 
 
-def build_call(params: Params, settings: Settings) -> Call:
+def build_call(params: Params, settings: HttpSettings) -> Call:
     """Check params against the host's settings; InvalidParams says what to fix."""
     url, dest = _target_url(params, settings)
     if params.get("query"):
@@ -304,9 +309,9 @@ class HttpRequest(Handler):
         settings_from(settings)
 
     @staticmethod
-    def _settings(ctx: Context) -> Settings:
+    def _settings(ctx: Context) -> HttpSettings:
         try:
-            return settings_from(ctx.settings)
+            return settings_from(ctx.settings, ctx.secret)
         except ConfigError as exc:
             raise EffectFailed(
                 f"failed: http.request is misconfigured on this host ({exc}); tell the operator"
@@ -320,7 +325,7 @@ class HttpRequest(Handler):
     def reversible_for(self, params: Params, ctx: Context) -> bool:
         return params.get("method") in SAFE_METHODS
 
-    def _guard(self, settings: Settings, call: Call) -> NetGuard:
+    def _guard(self, settings: HttpSettings, call: Call) -> NetGuard:
         return NetGuard(settings.allow + call.allow, self.resolver)
 
     def _request(
@@ -401,7 +406,7 @@ class HttpRequest(Handler):
         except (*HTTPX_ERRORS, OSError) as exc:
             raise http_failure(exc, what, call.secrets) from exc
 
-    def _exchange(self, http: httpx.Client, call: Call, settings: Settings) -> JSON:
+    def _exchange(self, http: httpx.Client, call: Call, settings: HttpSettings) -> JSON:
         deadline = time.monotonic() + call.timeout
         url, method = call.url, call.method
         hops: list[str] = []

@@ -34,13 +34,15 @@ from typing import Any
 import httpcore
 import httpx
 
-from broker.config import resolve_secret
 from broker.errors import ConfigError, EffectFailed, InvalidParams
+from effects.base import Settings
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 Resolver = Callable[[str, int], Sequence[str]]
 """(host, port) -> the addresses to connect to; raises OSError when there are none."""
+Secret = Callable[[str], str | None]
+"""A settings key -> the secret behind it (`ctx.secret`, or `Settings.secret` at start)."""
 
 MASK = "•••"
 SCHEMES = ("http", "https")
@@ -431,8 +433,9 @@ _CREDENTIAL_NAME = re.compile(
 )
 
 
-def parse_headers(table: Mapping[str, Any], where: str) -> Headers:
-    """`headers = {...}` and `secret_headers = {Name = {value_env|value_file, prefix}}`."""
+def parse_headers(table: Mapping[str, Any], where: str, secret: Secret) -> Headers:
+    """`headers = {...}` and `secret_headers = {Name = {value_env|value_file, prefix}}`;
+    `secret(key)` resolves a key relative to `table` (`secret_headers."X-Key".value`)."""
     plain = table.get("headers", {})
     if not isinstance(plain, Mapping):
         raise ConfigError(f"{where}.headers: expected a table of header names to values")
@@ -463,7 +466,7 @@ def parse_headers(table: Mapping[str, Any], where: str) -> Headers:
         _check_header(name, prefix, f"{here}.prefix")
         if name.lower() in {k.lower() for k in plain}:
             raise ConfigError(f"{here}: also set under headers; keep one")
-        value = resolve_secret(ref, "value", here)
+        value = secret(Settings.key("secret_headers", name, "value"))
         if not value:
             raise ConfigError(f"{here}: the secret is empty")
         if any(c in value for c in "\r\n\x00"):

@@ -34,11 +34,10 @@ import httpcore
 import httpx
 
 from broker.clock import parse_duration
-from broker.config import resolve_secret
 from broker.errors import ConfigError, EffectFailed, InvalidParams
 from broker.models import Preview
 from broker.typing import JSON, Params
-from effects.base import Context, Handler
+from effects.base import Context, Handler, Settings
 from effects.netguard import (
     HTTPX_ERRORS,
     MASK,
@@ -46,6 +45,7 @@ from effects.netguard import (
     IPNetwork,
     NetGuard,
     Resolver,
+    Secret,
     check_ca_file,
     client,
     default_port,
@@ -100,7 +100,9 @@ class Target:
 
 
 @dataclass(frozen=True)
-class Settings:
+class WebhookSettings:
+    """`[integrations.webhook]`, checked, secrets resolved."""
+
     allow: tuple[IPNetwork, ...]
     ca_file: str | None
     targets: Mapping[str, Target]
@@ -113,7 +115,7 @@ def _duration(table: Mapping[str, Any], key: str, default: str, where: str) -> f
         raise ConfigError(f"{where}.{key}: {exc}") from exc
 
 
-def _target(name: str, spec: Any) -> Target:
+def _target(name: str, spec: Any, secret: Secret) -> Target:
     where = f"integrations.webhook.targets.{name}"
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", name):
         raise ConfigError(f"{where}: a target name is letters, digits, '-' and '_'")
@@ -126,7 +128,7 @@ def _target(name: str, spec: Any) -> Target:
         raise ConfigError(f"{where}.{key}: unknown key{hint}")
     if sum(k in spec for k in ("url", "url_env", "url_file")) != 1:
         raise ConfigError(f"{where}: set exactly one of url, url_env and url_file")
-    raw = spec.get("url") or resolve_secret(spec, "url", where)
+    raw = spec.get("url") or secret(Settings.key("targets", name, "url"))
     if not isinstance(raw, str) or not raw:
         raise ConfigError(f"{where}.url: an http(s) URL is required")
     secret_url = "url" not in spec
@@ -138,7 +140,7 @@ def _target(name: str, spec: Any) -> Target:
     retries = spec.get("retries", 3)
     if not isinstance(retries, int) or isinstance(retries, bool) or not 0 <= retries <= MAX_RETRIES:
         raise ConfigError(f"{where}.retries: a whole number from 0 to {MAX_RETRIES}")
-    key = resolve_secret(spec, "secret", where)
+    key = secret(Settings.key("targets", name, "secret"))
     if key is not None and not key:
         raise ConfigError(f"{where}.secret: the signing secret is empty")
     return Target(
@@ -153,17 +155,19 @@ def _target(name: str, spec: Any) -> Target:
     )
 
 
-def settings_from(table: Mapping[str, Any]) -> Settings:
-    """Parse and check `[integrations.webhook]`; a fault names the key."""
+def settings_from(table: Mapping[str, Any], secret: Secret | None = None) -> WebhookSettings:
+    """Parse and check `[integrations.webhook]`; a fault names the key. Secrets come
+    from `secret` (`ctx.secret`), else resolve in `table` as at start."""
     where = "integrations.webhook"
+    secret = secret or Settings.of(table, where).secret
     raw = table.get("targets", {})
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where}.targets: expected tables [{where}.targets.NAME]")
     ca_file = check_ca_file(table.get("ca_file"), f"{where}.ca_file")
-    return Settings(
+    return WebhookSettings(
         allow=parse_networks(table.get("allow_networks"), f"{where}.allow_networks"),
         ca_file=ca_file,
-        targets={name: _target(name, spec) for name, spec in raw.items()},
+        targets={name: _target(name, spec, secret) for name, spec in raw.items()},
     )
 
 
@@ -211,9 +215,9 @@ class WebhookPost(Handler):
         super().check_config(settings)
         settings_from(settings)
 
-    def _target(self, params: Params, ctx: Context) -> tuple[Settings, Target]:
+    def _target(self, params: Params, ctx: Context) -> tuple[WebhookSettings, Target]:
         try:
-            settings = settings_from(ctx.settings)
+            settings = settings_from(ctx.settings, ctx.secret)
         except ConfigError as exc:
             raise EffectFailed(
                 f"failed: webhook.post is misconfigured on this host ({exc}); tell the operator"
@@ -283,50 +287,60 @@ class WebhookPost(Handler):
             for attempt in range(1, target.retries + 2):
                 if attempt > 1:
                     self.sleep(min(target.backoff * 2 ** (attempt - 2), 60.0))
-                headers = {
-                    "Content-Type": "application/json",
-                    "X-Broker-Delivery": delivery,
-                    "X-Broker-Timestamp": str(int(time.time())),
-                }
-                if target.key:
-                    headers["X-Broker-Signature"] = signature(target.key, body)
-                request = http.build_request(
-                    "POST", target.url, headers=headers, content=body, timeout=target.timeout
-                )
-                try:
-                    response = http.send(request, stream=True)
-                    reply = read_capped(response, RESPONSE_BYTES, time.monotonic() + target.timeout)
-                except RETRYABLE as exc:
-                    last = http_failure(exc, what, target.secrets).reason
-                    continue
-                except (*HTTPX_ERRORS, OSError) as exc:
-                    raise http_failure(exc, what, target.secrets) from exc
-                answer = f"{reply.status} {reply.reason}".strip()
-                text = scrub(reply.text(), target.secrets)
-                if 200 <= reply.status < 300:
-                    return {
-                        "target": target.name,
-                        "status": reply.status,
-                        "attempts": attempt,
-                        "delivery_id": delivery,
-                        "response": text,
-                        "truncated": reply.truncated is not None,
-                    }
-                if reply.status >= 500:
-                    last = f"failed: {what} answered {answer}"
-                    continue
-                raise EffectFailed(
-                    f"failed: {what} answered {answer}"
-                    + (f": {text[:300]}" if text else "")
-                    + (
-                        "; webhooks are not redirected: ask the operator to fix the target URL"
-                        if 300 <= reply.status < 400
-                        else "; it refused this payload, so it was not retried: fix the payload "
-                        "and send a new request"
-                    )
-                )
+                outcome = _deliver(http, target, body, delivery, attempt)
+                if not isinstance(outcome, str):
+                    return outcome
+                last = outcome  # worth another attempt
         attempts = target.retries + 1
         raise EffectFailed(
             f"{last} (gave up after {attempts} attempt{'s' if attempts > 1 else ''}); "
             "try again later"
         )
+
+
+def _deliver(
+    http: httpx.Client, target: Target, body: bytes, delivery: str, attempt: int
+) -> JSON | str:
+    """One attempt: the output when it was delivered, the reason when it is worth
+    another attempt (5xx, network); EffectFailed when it is not."""
+    what = f"webhook target {target.name}"
+    headers = {
+        "Content-Type": "application/json",
+        "X-Broker-Delivery": delivery,
+        "X-Broker-Timestamp": str(int(time.time())),
+    }
+    if target.key:
+        headers["X-Broker-Signature"] = signature(target.key, body)
+    request = http.build_request(
+        "POST", target.url, headers=headers, content=body, timeout=target.timeout
+    )
+    try:
+        response = http.send(request, stream=True)
+        reply = read_capped(response, RESPONSE_BYTES, time.monotonic() + target.timeout)
+    except RETRYABLE as exc:
+        return http_failure(exc, what, target.secrets).reason
+    except (*HTTPX_ERRORS, OSError) as exc:
+        raise http_failure(exc, what, target.secrets) from exc
+    answer = f"{reply.status} {reply.reason}".strip()
+    text = scrub(reply.text(), target.secrets)
+    if 200 <= reply.status < 300:
+        return {
+            "target": target.name,
+            "status": reply.status,
+            "attempts": attempt,
+            "delivery_id": delivery,
+            "response": text,
+            "truncated": reply.truncated is not None,
+        }
+    if reply.status >= 500:
+        return f"failed: {what} answered {answer}"
+    raise EffectFailed(
+        f"failed: {what} answered {answer}"
+        + (f": {text[:300]}" if text else "")
+        + (
+            "; webhooks are not redirected: ask the operator to fix the target URL"
+            if 300 <= reply.status < 400
+            else "; it refused this payload, so it was not retried: fix the payload "
+            "and send a new request"
+        )
+    )

@@ -3,7 +3,7 @@
 Everything runs on 127.0.0.1 and lives in .demo/github/:
 
 - a bare git repository playing acme/api on GitHub, with a bug on main;
-- the recording fake GitHub (tests/effects/github_fake.py) serving that repository:
+- the recording fake GitHub (tests/effects/github/fake.py) serving that repository:
   branches, blobs, trees, commits, compare and pull requests, with state;
 - a broker with a policy: pushes to agent/* apply at once, pull requests wait for a person;
 - an agent that fixes the bug and asks for a pull request;
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from demo_support import BROKER, docker_ready, reviewer, say  # noqa: E402
 
-from tests.effects.github_fake import FakeGitHub, seed_repo  # noqa: E402
+from tests.effects.github.fake import FakeGitHub, seed_repo  # noqa: E402
 
 DEMO = ROOT / ".demo" / "github"
 TOKEN_ENV = "DEMO_GITHUB_TOKEN"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import load_config
+from broker.config import Settings, load_config
 from broker.errors import ConfigError
 
 
@@ -131,6 +131,31 @@ def test_unset_secret_is_none(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> 
     """A secret with neither _env nor _file configured resolves to None."""
     path = write_config(tmp_path, '[integrations.github]\nbase_url = "https://x"\n')
     assert load_config(path).secret("github", "token") is None
+
+
+def test_quoted_key_reaches_a_table_whose_name_holds_dots(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A remote named github.com is one table: Settings.key quotes it, as TOML does."""
+    clean_env.setenv("TEST_BROKER_GH_TOKEN", "ghp_dotted")
+    path = write_config(
+        tmp_path,
+        '[integrations.git.remotes."github.com"]\nurl = "x"\ntoken_env = "TEST_BROKER_GH_TOKEN"\n',
+    )
+    key = Settings.key("remotes", "github.com", "token")
+    assert key == 'remotes."github.com".token'
+    assert load_config(path).secret("git", key) == "ghp_dotted"
+    assert load_config(path).secret("git", "remotes.github.com.token") is None
+    clean_env.delenv("TEST_BROKER_GH_TOKEN")
+    with pytest.raises(ConfigError, match=r'integrations\.git\.remotes\."github\.com"\.token_env'):
+        load_config(path).secret("git", key)
+
+
+@pytest.mark.parametrize("part", ["", 'a"b'])
+def test_a_key_part_that_cannot_be_written_is_refused(part: str) -> None:
+    """Settings.key never builds a key that would name another table."""
+    with pytest.raises(ValueError, match="cannot be part of a settings key"):
+        Settings.key("remotes", part, "token")
 
 
 def test_unknown_broker_key_is_refused(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:

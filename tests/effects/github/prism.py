@@ -1,6 +1,6 @@
 """Prism serving GitHub's OpenAPI description, and a recording proxy in front of it.
 
-Helpers for tests/effects/test_github.py (not a conftest.py: imported by that module only).
+Helpers for the tests under tests/effects/github/ (started by its conftest.py).
 
 Prism (`scripts/prism-up.sh` installs it into .tools/prism/) validates every request
 against GitHub's official description and answers with the description's examples. It
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PRISM_DIR = Path(os.environ.get("PRISM_DIR") or ROOT / ".tools" / "prism")
 PRISM_BIN = PRISM_DIR / "node_modules" / ".bin" / "prism"
 GITHUB_SPEC = PRISM_DIR / "node_modules" / "@octokit" / "openapi" / "generated"

@@ -1,6 +1,6 @@
 """A recording stand-in for the GitHub REST API on 127.0.0.1, with state.
 
-Only the endpoints effects/github.py calls. Branches, commits, trees and blobs are those
+Only the endpoints effects/github/ calls. Branches, commits, trees and blobs are those
 of a real bare git repository per repo (so a `git.push` to that repository and this
 fake see the same branches); pull requests, issues, comments and labels live in memory.
 Every request is recorded (`calls`), and faults can be queued per route (`fault`).
@@ -9,7 +9,7 @@ Why it exists next to Prism: Prism answers every call with the spec's example an
 no state, so what depends on state (an open pull request found again, a base that moved,
 a blob that changed, a branch created then deleted) is tested here.
 
-Used by tests/effects/test_github.py and scripts/demo_github.py.
+Used by the tests under tests/effects/github/ and by scripts/demo_github.py.
 """
 
 from __future__ import annotations
