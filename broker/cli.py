@@ -161,7 +161,7 @@ def serve(
             broker.add(attach(sandbox, outbox, results, cfg.state_dir, claim))
         if root is not None or outbox is None:
             broker.serve_root((root or cfg.state_dir) / "sandboxes")
-        hooks = webhooks_from(cfg.notify)
+        hooks = webhooks_from(cfg.notify, cfg.base_dir)
         if hooks:
             broker.notify_with(Notifier(hooks, inbox_url=cfg.notify.get("inbox_url")))
         return broker

@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -38,8 +39,9 @@ class Webhook:
     format: str = "json"
 
 
-def webhooks_from(settings: Mapping[str, Any]) -> list[Webhook]:
-    """Read [[notify.webhooks]]; a fault names the entry and key."""
+def webhooks_from(settings: Mapping[str, Any], base_dir: Path | None = None) -> list[Webhook]:
+    """Read [[notify.webhooks]]; a fault names the entry and key. A relative `url_file`
+    is read beside broker.toml (`base_dir`), as every secret."""
     hooks = []
     unknown = set(settings) - {"webhooks", "inbox_url", "retries"}
     if unknown:
@@ -51,7 +53,7 @@ def webhooks_from(settings: Mapping[str, Any]) -> list[Webhook]:
         bad = set(entry) - {"url", "url_env", "url_file", "format"}
         if bad:
             raise ConfigError(f"{where}.{sorted(bad)[0]}: unknown key")
-        url = entry.get("url") or resolve_secret(entry, "url", where)
+        url = entry.get("url") or resolve_secret(entry, "url", where, base_dir)
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ConfigError(f"{where}.url: an http(s) URL is required")
         fmt = entry.get("format", "json")
