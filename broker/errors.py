@@ -12,6 +12,7 @@
     │   └── IllegalTransition  a state change the request's life does not allow
     ├── AuditError             the audit log cannot be written or read
     ├── SandboxError           the Docker engine or a container misbehaved
+    ├── StateBusy              another process serves this state dir
     ├── DecisionError          a decision cannot be recorded (stale sha256, not pending…)
     └── Outcome                stop here: this is the request's answer (control flow)
         ├── Rejected           the request breaks the protocol or its schema → invalid
@@ -76,6 +77,10 @@ class AuditError(BrokerError):
 
 class SandboxError(BrokerError):
     """The Docker engine or a sandbox container misbehaved."""
+
+
+class StateBusy(BrokerError):
+    """Another process serves this state dir (it holds the state lock)."""
 
 
 class DecisionError(BrokerError):

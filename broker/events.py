@@ -75,6 +75,7 @@ class Control:
     op: str  # serve | release
     sandbox: str
     reply: Callable[[dict[str, Any]], None]
+    connection: Any = None  # the client's connection, for the events it follows
 
 
 Event = FileSeen | DirsChanged | Rescan | Wake | Applied | Assessed | Control

@@ -21,6 +21,9 @@ class Backlog:
     def __bool__(self) -> bool:
         return bool(self._by_folder)
 
+    def holds(self, folder: str) -> bool:
+        return folder in self._by_folder
+
     def add(self, seen: FileSeen) -> None:
         key = (seen.folder, seen.name)
         if key not in self._queued:

@@ -12,7 +12,6 @@ brings shares one commit. Handlers run on workers; their outcomes come back as e
 
 from __future__ import annotations
 
-import heapq
 import logging
 import queue
 import threading
@@ -21,12 +20,14 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from broker import clock, intake, recovery
-from broker.admission import Admission, assess
-from broker.apply import Job, Workers, call
+from broker import intake, recovery
+from broker.admission import Admission
+from broker.apply import Workers, call
+from broker.assessing import Assessments
 from broker.audit import AuditLog, AuditWriter
 from broker.batch import Batch
 from broker.config import Config
+from broker.deadlines import Deadlines
 from broker.events import (
     Applied,
     Assessed,
@@ -39,13 +40,14 @@ from broker.events import (
 )
 from broker.fairness import Backlog
 from broker.faults import fault
+from broker.handover import Handover, has_requests
 from broker.ledger import Ledger
 from broker.lifecycle import Lifecycle
 from broker.marks import StartMarks
 from broker.models import Record
-from broker.names import Kind
 from broker.notify import Notifier
 from broker.outbox import Outbox, Served, Watcher
+from broker.ownership import ControlServer, StateLock
 from broker.policy import Policy
 from broker.redaction import Redactor
 from broker.registry import Registry
@@ -84,14 +86,18 @@ class Broker:
         self.events: queue.Queue[Event] = queue.Queue()
         self.backlog = Backlog()
         self._workers = Workers(threads=workers)
-        self._assessors = Workers(threads=workers, name="broker-assess")
-        self._assessing: dict[tuple[str, str], Job] = {}
+        self.assessments = Assessments(config, registry, policy, self.events, workers)
         self._in_flight: set[tuple[str, str]] = set()
-        self._deadlines: list[tuple[str, str, str]] = []
+        self.deadlines = Deadlines()
         self._consumed: deque[tuple[Outbox, str]] = deque()
         self._watcher: Watcher | None = None
         self.on_change = self.answers.observers
         self.notifier: Notifier | None = None
+        self.command = "broker serve"  # what the state lock says owns the state dir
+        self.lock = StateLock(config.state_dir)
+        self.handover = Handover(self.served, config.sandboxes_dir)
+        self.on_change.append(self.handover.tell)
+        self._control_server: ControlServer | None = None
 
     @property
     def outboxes(self) -> dict[str, Outbox]:
@@ -142,6 +148,8 @@ class Broker:
     ) -> None:
         """Recover, scan, then process events until `stop` is set (then drain, if asked)."""
         self.recover()
+        self._control_server = ControlServer(self.config.state_dir, self.events)
+        self._control_server.start()
         self._watcher = Watcher(self.events)
         self._rewatch()
         # now that every watch is in place: read what is there and reload decisions
@@ -155,11 +163,11 @@ class Broker:
                 timeout = min(
                     0.05 if self._consumed else 0.5,  # idle moments purge consumed files
                     max(0.0, next_rescan - time.monotonic()),
-                    self._until_deadline(),
-                    self._assessors.next_deadline(),
+                    self.deadlines.seconds_left(),
+                    self.assessments.seconds_left(),
                 )
                 items = self._take(timeout)
-                items.extend(self._overdue())
+                items.extend(self.assessments.overdue(self.ledger))
                 if self._watcher is not None and not self._watcher.alive():
                     items.append(self._replace_watcher())
                 if not items:
@@ -169,6 +177,7 @@ class Broker:
                     items.append(Rescan())
                     next_rescan = time.monotonic() + self.config.rescan_interval_s
                 self.step(items)
+                self.handover.releases(self._busy, time.monotonic())
             if drain:
                 self.drain()
         finally:
@@ -193,11 +202,11 @@ class Broker:
         self.rescan()
         while time.monotonic() < end:
             items = self._take(0.05)
-            items.extend(self._overdue())
+            items.extend(self.assessments.overdue(self.ledger))
             self.step(items)
             if (
                 not self._in_flight
-                and not self._assessing
+                and not self.assessments
                 and self.events.empty()
                 and not self.backlog
                 and not self._pending_files()
@@ -206,23 +215,22 @@ class Broker:
         self._purge()
 
     def _pending_files(self) -> bool:
-        return any(
-            intake.classify(n)[0] is Kind.REQUEST
-            for box in self.served.boxes.values()
-            for n in box.names()
-        )
+        return any(has_requests(box.names()) for box in self.served.boxes.values())
 
     def wake(self) -> None:
         """Make the loop look at its stop event now rather than at its next timeout."""
         self.events.put(Wake())
 
     def close(self) -> None:
-        """Stop in reverse data-flow order: watcher, workers, what they brought back,
-        consumed files, the audit log, the ledger."""
+        """Stop in reverse data-flow order: the control socket, watcher, workers, what
+        they brought back, consumed files, the audit log, the ledger, the state lock."""
+        if self._control_server is not None:
+            self._control_server.close()
+            self._control_server = None
         if self._watcher is not None:
             self._watcher.stop()
             self._watcher = None
-        self._assessors.shutdown(wait=False)  # held requests are assessed again at start
+        self.assessments.shutdown()
         self._workers.shutdown(wait=True)
         while items := self._take(0):  # applies that finished during shutdown
             self.step(items)
@@ -233,6 +241,7 @@ class Broker:
         if self.notifier is not None:
             self.notifier.close()
         self.ledger.close()
+        self.lock.release()
 
     def _take(self, timeout: float) -> list[Event]:
         """What one wake-up handles: every control event, and a fair share of files."""
@@ -256,13 +265,6 @@ class Broker:
                 first = None
         items.extend(self.backlog.take())
         return items
-
-    def _until_deadline(self) -> float:
-        if not self._deadlines:
-            return 3600.0
-        due = clock.parse_iso(self._deadlines[0][0])
-        assert due is not None
-        return max(0.0, (due - clock.now()).total_seconds())
 
     # -- one wake-up --------------------------------------------------------------------
 
@@ -288,7 +290,7 @@ class Broker:
             elif isinstance(item, Applied):
                 done.append(item)
             elif isinstance(item, Assessed):
-                if self._assessing.pop(item.key, None) is not None:
+                if self.assessments.accept(item):
                     assessed.append(item)  # else: given up on at its deadline
             elif isinstance(item, DirsChanged):
                 self._discover()
@@ -298,7 +300,7 @@ class Broker:
                 reload = True
             elif isinstance(item, Control):
                 self._control(item)
-        due = self._due()
+        due = self.deadlines.due()
         busy = files or done or assessed or due or reload
         if not (busy or self.answers.written or self.audit.durable):
             return
@@ -353,12 +355,11 @@ class Broker:
         for record in batch.settled:
             self.started.clear(record)
         for record in batch.deadlines:
-            if record.expires_at:
-                heapq.heappush(self._deadlines, (record.expires_at, record.sandbox, record.id))
+            self.deadlines.watch(record)
         for record in batch.apply:
             self._submit(record)
         for record in batch.assess:
-            self._assess(record)
+            self.assessments.submit(record)
 
     def _mark_synced(self) -> None:
         written = self.answers.take_written()
@@ -389,46 +390,6 @@ class Broker:
             self.events.put(call(effect, record, self.config, self.started))
 
         self._workers.submit(record.sandbox, run)
-
-    def _assess(self, record: Record) -> None:
-        """Off the loop, with a deadline: reversibility and preview of a held request."""
-        if record.key in self._assessing:
-            return
-        effect = self.registry.effect(record.effect or "")
-
-        def run() -> None:
-            self.events.put(assess(effect, record, self.policy, self.config))
-
-        self._assessing[record.key] = self._assessors.submit(
-            record.sandbox, run, self.config.preview_timeout_s
-        )
-
-    def _overdue(self) -> list[Assessed]:
-        """Assessments past their deadline are given up on: the request goes on as if
-        irreversible, with a card saying why there is no preview."""
-        late = self._assessors.overdue()
-        if not late:
-            return []
-        back = []
-        for key, job in list(self._assessing.items()):
-            if job in late:  # its key stays: the event below is the one that counts
-                record = self.ledger.get(*key)
-                if record is None:
-                    continue
-                log.warning(
-                    "sandbox %s: the %s handler did not answer within %gs; %s waits for a "
-                    "person without a preview",
-                    key[0],
-                    record.effect,
-                    self.config.preview_timeout_s,
-                    key[1],
-                )
-                why = (
-                    f"the handler did not answer within {self.config.preview_timeout_s:g}s "
-                    "(the service may be slow or down)"
-                )
-                back.append(Assessed(key, record.sha256 or "", broken=why))
-        return back
 
     def _resume(self, done: Assessed, batch: Batch) -> None:
         record = self.ledger.get(*done.key)
@@ -464,15 +425,6 @@ class Broker:
 
     # -- deadlines ----------------------------------------------------------------------
 
-    def _due(self) -> list[tuple[str, str]]:
-        due = []
-        stamp = clock.iso(clock.now())
-        assert stamp is not None
-        while self._deadlines and self._deadlines[0][0] <= stamp:
-            _, sandbox, request_id = heapq.heappop(self._deadlines)
-            due.append((sandbox, request_id))
-        return due
-
     def _expire(self, sandbox: str, request_id: str, batch: Batch) -> None:
         record = self.ledger.get(sandbox, request_id)
         if record is None or record.state != "pending":
@@ -487,7 +439,10 @@ class Broker:
     # -- recovery and control -----------------------------------------------------------
 
     def recover(self) -> None:
-        """Resume from the ledger: claimed files, results, audit, deadlines, applies."""
+        """Take the state dir (one owner at a time), then resume from the ledger: claimed
+        files, applies, results, audit, deadlines, held requests."""
+        if not self.lock.held:
+            self.lock.acquire(self.command)
         batch = Batch()
         boxes = list(self.served.boxes.values())
         with self.ledger.transaction():
@@ -502,4 +457,22 @@ class Broker:
         self._after_commit(batch)
 
     def _control(self, item: Control) -> None:
-        item.reply({"ok": False, "error": f"unknown control request {item.op!r}"})
+        def rescan(sandbox: str) -> None:
+            box = self.served.boxes[sandbox]
+            self._rewatch()
+            for name in box.names():
+                self.events.put(FileSeen(str(box.outbox), name))
+
+        self.handover.control(item, time.monotonic(), rescan)
+
+    def _busy(self, sandbox: str) -> bool:
+        """Whether a sandbox still has files to read or work in flight."""
+        box = self.served.boxes.get(sandbox)
+        if box is None:
+            return False
+        return (
+            has_requests(box.names())
+            or self.backlog.holds(str(box.outbox))
+            or self.assessments.busy(sandbox)
+            or any(key[0] == sandbox for key in self._in_flight)
+        )
