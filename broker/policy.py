@@ -18,7 +18,10 @@ from broker.errors import PolicyError
 from broker.models import Verdict
 
 ACTIONS = ("auto", "approve", "deny")
+# how people may decide what an approve rule holds: within a selection, from Slack
+SURFACE_KEYS = ("batch", "slack_buttons", "slack_buttons_irreversible")
 RULE_KEYS = {"effect", "when", "action", "reason", "approvals", "timeout", "on_timeout"}
+RULE_KEYS |= set(SURFACE_KEYS)
 DEFAULT_TIMEOUT_S = 3600.0
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -82,6 +85,9 @@ class Rule:
     approvals: int = 1
     timeout_s: float = DEFAULT_TIMEOUT_S
     on_timeout: str = "deny"
+    batch: bool = True
+    slack_buttons: bool = False
+    slack_buttons_irreversible: bool = False
 
     @property
     def label(self) -> str:
@@ -117,6 +123,9 @@ class Rule:
             approvals=self.approvals,
             timeout_s=self.timeout_s,
             on_timeout=self.on_timeout,
+            batch=self.batch,
+            slack_buttons=self.slack_buttons,
+            slack_buttons_irreversible=self.slack_buttons_irreversible,
         )
 
 
@@ -210,7 +219,7 @@ def _rule(i: int, raw: Any, reversible: Reversibility, source: str) -> Rule:
         ):
             raise PolicyError(f"{where}.when.{key}: must be a value, a glob or a list of them")
     if action != "approve":
-        for key in ("approvals", "timeout", "on_timeout"):
+        for key in ("approvals", "timeout", "on_timeout", *SURFACE_KEYS):
             if key in raw:
                 raise PolicyError(f"{where}.{key}: only an 'approve' rule takes {key}")
         return Rule(i, effect, action, reason, when)
@@ -226,7 +235,48 @@ def _rule(i: int, raw: Any, reversible: Reversibility, source: str) -> Rule:
         raise PolicyError(f"{where}.on_timeout: must be 'deny' or 'approve'; got {on_timeout!r}")
     if on_timeout == "approve":
         _refuse_irreversible_auto_approve(where, effect, reversible)
-    return Rule(i, effect, action, reason, when, approvals, timeout_s, on_timeout)
+    surfaces = _surfaces(where, raw, effect, reversible)
+    return Rule(i, effect, action, reason, when, approvals, timeout_s, on_timeout, *surfaces)
+
+
+def _surfaces(
+    where: str, raw: Mapping[str, Any], glob: str, reversible: Reversibility
+) -> tuple[bool, bool, bool]:
+    """batch, slack_buttons, slack_buttons_irreversible: true or false, and consistent."""
+    defaults = {"batch": True, "slack_buttons": False, "slack_buttons_irreversible": False}
+    values = {key: raw.get(key, default) for key, default in defaults.items()}
+    for key, value in values.items():
+        if not isinstance(value, bool):
+            raise PolicyError(f"{where}.{key}: must be true or false; got {value!r}")
+    if values["slack_buttons_irreversible"] and not values["slack_buttons"]:
+        raise PolicyError(f"{where}.slack_buttons_irreversible: goes with slack_buttons = true")
+    literal = not any(c in glob for c in "*?[")
+    if (
+        values["slack_buttons"]
+        and not values["slack_buttons_irreversible"]
+        and literal
+        and reversible.get(glob) is False
+    ):
+        raise PolicyError(
+            f"{where}.slack_buttons: {glob} is irreversible, and Slack buttons are never "
+            "shown on irreversible requests unless the rule says so: add "
+            "slack_buttons_irreversible = true if a click in Slack should approve it"
+        )
+    return values["batch"], values["slack_buttons"], values["slack_buttons_irreversible"]
+
+
+def slack_buttons(verdict: Mapping[str, Any] | None, reversible: bool | None) -> bool:
+    """Whether a recorded verdict lets Slack carry Approve/Deny buttons for this request:
+    only when its rule says so, and on an irreversible request only when it says that too."""
+    terms = verdict or {}
+    if terms.get("action") != "approve" or terms.get("slack_buttons") is not True:
+        return False
+    return reversible is True or terms.get("slack_buttons_irreversible") is True
+
+
+def batch_allowed(verdict: Mapping[str, Any] | None) -> bool:
+    """Whether a recorded verdict lets a person decide the request within a selection."""
+    return (verdict or {}).get("batch", True) is not False
 
 
 def _refuse_irreversible_auto_approve(where: str, glob: str, reversible: Reversibility) -> None:
