@@ -19,9 +19,12 @@ from broker.web.app import create_app
 from broker.web.auth import hash_token
 from broker.web.server import WebServer
 
+LOOPBACK = ["127.0.0.0/8"]
 TOKENS = {"alice": "bkr_alice-token-for-tests", "bob": "bkr_bob-token-for-tests"}
 RECORD_REASON = "a person looks at every record first"
 FILES_REASON = "files leave the sandbox: a person reads them first"
+CAREFUL_REASON = "each of these is read on its own"
+HTTP_REASON = "calls to services wait for a person"
 POLICY = f"""
 [[rules]]
 effect = "test.record"
@@ -41,6 +44,17 @@ effect = "files.write"
 action = "approve"
 timeout = "30m"
 reason = "{FILES_REASON}"
+
+[[rules]]
+effect = "test.careful"
+action = "approve"
+batch = false
+reason = "{CAREFUL_REASON}"
+
+[[rules]]
+effect = "http.request"
+action = "approve"
+reason = "{HTTP_REASON}"
 """
 
 
@@ -134,9 +148,13 @@ def exports(tmp_path: Path) -> Path:
 def _harness(tmp_path: Path, exports: Path) -> BrokerHarness:
     return BrokerHarness(
         tmp_path / "h",
-        handlers=[FakeHandler("test.record"), FakeHandler("test.quorum")],
+        handlers=[
+            FakeHandler("test.record"),
+            FakeHandler("test.quorum"),
+            FakeHandler("test.careful"),
+        ],
         policy=POLICY,
-        integrations={"files": {"root": str(exports)}},
+        integrations={"files": {"root": str(exports)}, "http": {"allow_networks": LOOPBACK}},
     )
 
 
