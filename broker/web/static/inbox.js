@@ -284,7 +284,9 @@
   // -- keys ---------------------------------------------------------------------------
 
   function typing(target) {
-    return target && (target.isContentEditable || /^(INPUT|TEXTAREA|SELECT)$/.test(target.tagName));
+    if (!target) return false;
+    if (target.isContentEditable || /^(TEXTAREA|SELECT)$/.test(target.tagName)) return true;
+    return target.tagName === "INPUT" && !/^(checkbox|radio|button|submit|reset)$/.test(target.type);
   }
 
   function help() {
