@@ -12,6 +12,7 @@
     ├── AuditError             the audit log cannot be written or read
     ├── SandboxError           the Docker engine or a container misbehaved
     ├── DecisionError          a decision cannot be recorded (stale sha256, not pending…)
+    ├── NotifyError            a notification service (Slack) refused or did not answer
     └── Outcome                stop here: this is the request's answer (control flow)
         ├── Rejected           the request breaks the protocol or its schema → invalid
         ├── Denied             the policy or a person said no → denied
@@ -71,6 +72,10 @@ class AuditError(BrokerError):
 
 class SandboxError(BrokerError):
     """The Docker engine or a sandbox container misbehaved."""
+
+
+class NotifyError(BrokerError):
+    """A notification service (Slack's Web API) refused a call or did not answer."""
 
 
 class DecisionError(BrokerError):
