@@ -80,8 +80,6 @@ def shoot(page: Any, name: str, width: int) -> None:
     path = ARTIFACTS / f"inbox-{name}-{width}.png"
     page.screenshot(path=str(path), full_page=True)
     assert png_width(path) == width, f"{name} at {width}px is wider than the window"
-    if os.environ.get("BROKER_DOCS_SCREENSHOTS") and width == 1280 and name in ("list", "request"):
-        page.screenshot(path=str(DOCS / f"inbox-{name}.png"), full_page=False)
 
 
 # -- keys and decide-then-next ----------------------------------------------------------
@@ -304,3 +302,37 @@ def test_times_show_in_local_time_and_relative(page: Any, web: Web) -> None:
     shown = page.locator(f".item[data-ref='default/{waiting['id']}'] time.t")
     expect(shown).to_have_text(re.compile(rf"^{local} \((just now|\d+ min ago)\)$"))
     expect(shown).to_have_attribute("title", f"{waiting['received_at']} (UTC)")
+
+
+def test_screenshots_for_the_docs(page: Any, web: Web) -> None:
+    """The inbox as the docs show it: a list with a selection, and a card with its diff;
+    both exactly as wide as the window. BROKER_DOCS_SCREENSHOTS=1 writes them to docs/."""
+    expect = _expect()
+    web.gated("files.write", params=OVERWRITE, reason="fix the typo in line two")
+    notes = "".join(f"- change {n}\n" for n in range(1, 13))
+    web.gated(
+        "files.write",
+        params={"path": "release-notes.md", "content": notes},
+        reason="draft the release notes for 0.2",
+    )
+    web.gated(
+        "http.request",
+        params={"method": "PUT", "url": "http://127.0.0.1:9/items/7", "json": {"state": "done"}},
+        reason="mark item 7 as done in the tracker",
+    )
+    web.gated("test.careful", reason="rotate the staging credentials")
+    page.set_viewport_size({"width": 1280, "height": 760})
+    page.goto(f"{web.url}/")
+    page.locator("input[name=pick]").nth(1).check()
+    expect(page.locator("#selected-count")).to_contain_text("1 selected")
+    shoot(page, "docs-list", 1280)
+    wanted = os.environ.get("BROKER_DOCS_SCREENSHOTS")
+    if wanted:
+        page.screenshot(path=str(DOCS / "inbox-list.png"))
+    page.locator("a.ref").first.click()
+    expect(page.locator("pre#preview .line.add")).to_have_text("+line 2")
+    page.wait_for_load_state()  # its stylesheet too
+    page.set_viewport_size({"width": 1280, "height": 1000})
+    shoot(page, "docs-request", 1280)
+    if wanted:
+        page.screenshot(path=str(DOCS / "inbox-request.png"))
