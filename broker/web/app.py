@@ -35,7 +35,7 @@ from broker.ledger import Ledger
 from broker.policy import parse_duration
 from broker.registry import Registry
 from broker.slack.settings import slack_settings
-from broker.web import api, pages, slack
+from broker.web import api, pages, slack, waiting
 from broker.web.auth import Gate, Sessions, load_approvers
 from broker.web.inbox import Inbox
 
@@ -136,6 +136,7 @@ def create_app(
     app.include_router(api.router, prefix="/api/v1")
     app.include_router(slack.router)
     app.include_router(pages.router)
+    app.include_router(waiting.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     _handle_errors(app, renderer)
     app.add_middleware(SecurityHeaders)

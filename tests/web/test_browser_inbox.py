@@ -150,6 +150,7 @@ def test_list_keys_select_and_batch_approve(page: Any, web: Web) -> None:
     assert active(page) == "batch-approve"
     page.keyboard.press("Enter")
     expect(page.locator("#batch-outcome")).to_contain_text("2 recorded, 0 not recorded")
+    page.wait_for_url(f"{web.url}/")  # a reload shows the list; it does not post again
     for done in (first, second):
         assert web.harness.wait(done["id"])["status"] == "applied"
     assert (status_of(web, third), status_of(web, careful)) == ("pending", "pending")

@@ -326,6 +326,8 @@
 
   // -- start ----------------------------------------------------------------------------
 
+  // a batch's outcome is shown at /batch: keep the address of the list, not of the post
+  if (location.pathname === "/batch" && body.dataset.liveUrl) history.replaceState(null, "", body.dataset.liveUrl);
   remember(document);
   tick();
   setInterval(tick, 1000);
