@@ -175,16 +175,24 @@ class SlackCallback:
         except Refused as exc:
             raise Unusable(f"Not recorded: {messages.esc(exc.message)}") from exc
         if channel and ts:
-            fresh = self.inbox.card(sandbox, request_id)
-            body = {
-                "channel": channel,
-                "ts": ts,
-                **messages.message(fresh, self.settings.inbox_url),
-            }
+            self._show(sandbox, request_id, channel, ts)
+
+    def _show(self, sandbox: str, request_id: str, channel: str, ts: str) -> None:
+        """Update the message to the request as it now stands. The broker updates it too
+        when the request settles; if it settled while this update was on its way, this
+        one may have overwritten the outcome, so the outcome is sent once more."""
+        shown = None
+        for _ in range(2):
+            card = self.inbox.card(sandbox, request_id)
+            if card["status"] == shown:
+                return
+            message = messages.message(card, self.settings.inbox_url)
             try:
-                self.api.call("chat.update", body)
+                self.api.call("chat.update", {"channel": channel, "ts": ts, **message})
             except BrokerError as exc:  # the decision stands; the broker updates it again
                 log.warning("decision recorded; the Slack message was not updated: %s", exc)
+                return
+            shown = card["status"]
 
     def _tell(self, response_url: str, text: str) -> None:
         """A message only the clicker sees."""
