@@ -26,7 +26,7 @@ def main() -> int:
     config = Config(
         state_dir=Path(spec["state"]), integrations={"files": {"root": spec["exports"]}}
     )
-    registry.check_config(config.integrations)
+    registry.check_config(config.integrations, config.base_dir)
     options = RunOptions(
         command=sys.argv[2:], workspace=Path(spec["workspace"]), say=lambda s: print(s)
     )

@@ -33,7 +33,7 @@ def build(spec: dict[str, Any]) -> Broker:
         integrations={"files": {"root": spec["exports"]}},
         rescan_interval_s=float(spec.get("rescan", 30.0)),
     )
-    registry.check_config(config.integrations)
+    registry.check_config(config.integrations, config.base_dir)
     broker = Broker(config, registry, Policy())
     if spec.get("attach"):
         outbox, results = spec["attach"]

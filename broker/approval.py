@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from broker import clock
 from broker.audit import AuditLog, flush
 from broker.audit import event as audit_event
+from broker.clock import iso, parse_iso
 from broker.config import Config
 from broker.errors import BrokerError, DecisionError
 from broker.ledger import Decision, Ledger, Record
-from broker.models import iso, now, parse_iso
+from broker.lifecycle import Lifecycle
 from broker.policy import batch_allowed, slack_buttons
 from broker.registry import Registry
 
@@ -74,7 +76,7 @@ def decide(
                 f"{record.sandbox}/{record.id} is not waiting for a decision (it is {record.state})"
             )
         deadline = parse_iso(record.expires_at)
-        if deadline is not None and deadline <= now():
+        if deadline is not None and deadline <= clock.now():
             raise DecisionError(
                 f"{record.sandbox}/{record.id}: its deadline passed at {record.expires_at}; "
                 f"it resolves by its on_timeout ({record.on_timeout})"
@@ -90,7 +92,7 @@ def decide(
                 f"{approver} has already decided on {record.sandbox}/{record.id}; "
                 "a quorum needs different people"
             )
-        stamp = iso(now())
+        stamp = iso(clock.now())
         assert stamp is not None
         decision = Decision(
             record.sandbox,
@@ -116,18 +118,9 @@ def decide(
         )
         have = [d.approver for d in previous if d.verdict == "approve"]
         need = needed(record)
+        life = Lifecycle(ledger)
         if verdict == "deny":
-            record = ledger.update(
-                record,
-                state="denied",
-                decided_by=approver,
-                decided_at=stamp,
-                completed_at=stamp,
-                reason=f"denied by {approver}: {reason}",
-            )
-            ledger.queue_audit(
-                audit_event("denied", record, stamp, by=approver, reason=record.reason)
-            )
+            record = life.refuse(record, approver, str(reason), stamp)
             return Outcome(record, True, len(have), need)
         have.append(approver)
         if len(have) < need:
@@ -137,16 +130,7 @@ def decide(
             for d in [*previous, decision]
             if d.verdict == "approve"
         ]
-        record = ledger.update(
-            record,
-            state="approved",
-            decided_by=", ".join(have),
-            decided_at=stamp,
-            reason="approved by " + "; ".join(said),
-        )
-        ledger.queue_audit(
-            audit_event("decided", record, stamp, action="approve", by=", ".join(have))
-        )
+        record = life.approve(record, ", ".join(have), "approved by " + "; ".join(said), stamp)
     return Outcome(record, True, len(have), need)
 
 
@@ -198,7 +182,7 @@ def card(ledger: Ledger, record: Record, registry: Registry | None = None) -> di
     effect = record.effect or ""
     handler = registry.get(effect) if registry and effect in registry else None
     expires = parse_iso(record.expires_at)
-    left = (expires - now()).total_seconds() if expires else None
+    left = (expires - clock.now()).total_seconds() if expires else None
     return {
         "sandbox": record.sandbox,
         "id": record.id,

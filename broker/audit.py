@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,6 +161,41 @@ class _Flock:
 
     def __exit__(self, *exc: object) -> None:
         os.close(self._fd)
+
+
+class AuditWriter:
+    """The serving broker's side of the log: events queued in the ledger are appended
+    after each commit, and fsynced at most once a second (or when idle). Until an
+    event's line is fsynced it stays queued in the ledger, so a crash loses none:
+    they are appended again at start. `durable` is what the next transaction may
+    drop from the queue."""
+
+    def __init__(self, ledger: Ledger, log: AuditLog, sync_every_s: float = 1.0) -> None:
+        self.ledger = ledger
+        self.log = log
+        self.sync_every_s = sync_every_s
+        self.durable: tuple[int, str] | None = None
+        self._appended = 0  # the last event appended to the log (maybe not fsynced)
+        self._synced = 0
+        self._synced_at = 0.0
+
+    def flush(self) -> None:
+        backlog = self.ledger.audit_backlog(after=self._appended)
+        if backlog:
+            self._appended = self.log.append(backlog, sync=False)
+        if time.monotonic() - self._synced_at >= self.sync_every_s:
+            self.sync()
+
+    def sync(self) -> None:
+        if self._appended > self._synced:
+            self.log.sync()
+            self._synced = self._appended
+            self.durable = (self._appended, self.log.head)
+        self._synced_at = time.monotonic()
+
+    def take_durable(self) -> tuple[int, str] | None:
+        durable, self.durable = self.durable, None
+        return durable
 
 
 def flush(ledger: Ledger, log: AuditLog) -> None:

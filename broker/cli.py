@@ -92,7 +92,7 @@ def assemble(
     def build() -> tuple[Config, Registry, Policy]:
         cfg = load_config(config, state_dir=state, policy=policy)
         registry = default_registry()
-        registry.check_config(cfg.integrations)
+        registry.check_config(cfg.integrations, cfg.base_dir)
         return cfg, registry, load_policy(cfg.policy_path, registry.reversibility())
 
     return guarded(build)
@@ -125,6 +125,13 @@ def serve(
     outbox: Annotated[Path | None, typer.Option(help="an outbox to serve (attach mode)")] = None,
     results: Annotated[Path | None, typer.Option(help="where its results go (attach mode)")] = None,
     sandbox: Annotated[str, typer.Option(help="the sandbox id for --outbox")] = "default",
+    claim: Annotated[
+        Path | None,
+        typer.Option(
+            help="with --outbox: the broker's private claim dir, on the outbox's file system "
+            "and out of the sandbox's sight (default: <state>/claimed/<sandbox>)"
+        ),
+    ] = None,
     root: Annotated[
         Path | None,
         typer.Option(help="serve every <root>/sandboxes/<id>/outbox (default root: the state dir)"),
@@ -145,11 +152,13 @@ def serve(
     cfg, registry, pol = assemble(config, state, policy)
     if (outbox is None) != (results is None):
         fail("--outbox and --results go together")
+    if claim is not None and outbox is None:
+        fail("--claim goes with --outbox")
 
     def start() -> Broker:
         broker = Broker(cfg, registry, pol)
         if outbox is not None and results is not None:
-            broker.add(attach(sandbox, outbox, results, cfg.state_dir))
+            broker.add(attach(sandbox, outbox, results, cfg.state_dir, claim))
         if root is not None or outbox is None:
             broker.serve_root((root or cfg.state_dir) / "sandboxes")
         notify(broker, cfg)  # webhooks and Slack, as [notify] says
@@ -327,8 +336,8 @@ def audit_export(
     """Write the audit events (JSON lines, with their hashes) since a time to stdout."""
     from datetime import timedelta
 
+    from broker.clock import parse_duration
     from broker.models import iso, now
-    from broker.policy import parse_duration
 
     path, _ = _audit_path(config, state)
     cutoff = None
@@ -565,8 +574,8 @@ def stats(
     """Outcomes per effect, approval rate and time to decision; flags rubber-stamping."""
     from datetime import timedelta
 
+    from broker.clock import parse_duration
     from broker.models import now
-    from broker.policy import parse_duration
     from broker.stats import summarize
 
     cfg = guarded(lambda: load_config(config, state_dir=state))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ BROKER_KEYS = {
     "rescan_interval",
     "allow_as",
     "max_pending_per_sandbox",
+    "preview_timeout",
 }
 
 
@@ -57,6 +58,7 @@ class Config:
     web: Mapping[str, Any] = field(default_factory=dict)
     approvers: Mapping[str, Any] = field(default_factory=dict)
     rescan_interval_s: float = 30.0
+    preview_timeout_s: float = 30.0  # a handler's assessment or preview, off the loop
     allow_as: bool = False
     source: Path | None = None
 
@@ -77,14 +79,13 @@ class Config:
     def sandboxes_dir(self) -> Path:
         return self.state_dir / "sandboxes"
 
-    def integration(self, name: str) -> Mapping[str, Any]:
-        return self.integrations.get(name, {})
+    def integration(self, name: str) -> Settings:
+        return Settings(self.integrations.get(name, {}), f"integrations.{name}", self.base_dir)
 
     def secret(self, integration: str, key: str) -> str | None:
-        """Resolve `key_env` / `key_file` under [integrations.<integration>]."""
-        return resolve_secret(
-            self.integration(integration), key, f"integrations.{integration}", self.base_dir
-        )
+        """Resolve `key_env` / `key_file` under [integrations.<integration>]; a dotted
+        key (`remotes.origin.token`) names a nested table. None when neither is set."""
+        return self.integration(integration).secret(key)
 
     def secret_values(self) -> frozenset[str]:
         """Every secret the config references, for redaction of what is written."""
@@ -105,6 +106,53 @@ class Config:
 
         walk(self.integrations, "integrations")
         return frozenset(found)
+
+
+class Settings(Mapping[str, Any]):
+    """One table of broker.toml (an integration's settings), read-only, knowing where it
+    came from: `secret(key)` resolves a reference in it the one way secrets resolve
+    (`*_file` beside broker.toml), and errors name the key in full."""
+
+    def __init__(self, data: Mapping[str, Any], where: str, base_dir: Path | None = None) -> None:
+        self._data = data
+        self.where = where
+        self.base_dir = base_dir
+
+    @classmethod
+    def of(cls, settings: Mapping[str, Any], where: str) -> Settings:
+        """`settings` as Settings (a plain mapping resolves relative files from the
+        current directory, as a test building one by hand expects)."""
+        return settings if isinstance(settings, Settings) else cls(settings, where)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"Settings({self.where}: {sorted(self._data)})"
+
+    def table(self, dotted: str) -> Settings | None:
+        """The nested table at a dotted key (`remotes.origin`), or None."""
+        node: Any = self._data
+        for part in dotted.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if not isinstance(node, Mapping):
+            return None
+        return Settings(node, f"{self.where}.{dotted}", self.base_dir)
+
+    def secret(self, key: str) -> str | None:
+        """The value behind `<key>_env` / `<key>_file` (a dotted key reaches a nested
+        table), or None when neither is set; ConfigError naming the key if unreadable."""
+        path, _, leaf = key.rpartition(".")
+        table = self.table(path) if path else self
+        if table is None:
+            return None
+        return resolve_secret(table._data, leaf, table.where, self.base_dir)
 
 
 def resolve_secret(
@@ -166,7 +214,7 @@ def _check_no_literal_secrets(table: Mapping[str, Any], where: str) -> None:
 
 
 def _duration(value: Any, key: str) -> float:
-    from broker.policy import parse_duration
+    from broker.clock import parse_duration
 
     try:
         return parse_duration(value)
@@ -236,6 +284,7 @@ def load_config(
         web=data.get("web", {}),
         approvers=data.get("approvers", {}),
         rescan_interval_s=_duration(section.get("rescan_interval", "30s"), "rescan_interval"),
+        preview_timeout_s=_duration(section.get("preview_timeout", "30s"), "preview_timeout"),
         allow_as=bool(section.get("allow_as", False)),
         source=path,
     )

@@ -8,7 +8,8 @@
     │   └── DuplicateEffect    two handlers claim one name; names both
     ├── LedgerError            the state store refused or is inconsistent
     │   ├── RequestNotFound    no request answers to that id
-    │   └── AmbiguousRequest   the id exists in several sandboxes: use SANDBOX/ID
+    │   ├── AmbiguousRequest   the id exists in several sandboxes: use SANDBOX/ID
+    │   └── IllegalTransition  a state change the request's life does not allow
     ├── AuditError             the audit log cannot be written or read
     ├── SandboxError           the Docker engine or a container misbehaved
     ├── DecisionError          a decision cannot be recorded (stale sha256, not pending…)
@@ -64,6 +65,10 @@ class RequestNotFound(LedgerError):
 
 class AmbiguousRequest(LedgerError):
     """The id exists in several sandboxes; name it as SANDBOX/ID."""
+
+
+class IllegalTransition(LedgerError):
+    """A state change the request's life (broker.lifecycle) does not allow."""
 
 
 class AuditError(BrokerError):

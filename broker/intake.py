@@ -1,53 +1,49 @@
-"""From a name in an outbox to parsed JSON, never trusting what the sandbox wrote.
+"""From a name in an outbox to a Request, never trusting what the sandbox wrote.
 
-Files are opened relative to a directory fd with O_NOFOLLOW|O_NONBLOCK, must be
-regular files with one link, are read up to limit+1 bytes and parsed as strict JSON:
-UTF-8 only, no duplicate keys, no NaN/Infinity, no lone surrogates, bounded depth.
+Every fd on outbox and claim dirs is used here. A file is claimed first (renamed into
+the broker's private claim dir on the same file system, under a name of its own),
+then read from there: relative to the dir fd, O_NOFOLLOW|O_NONBLOCK, a regular file
+with one link, at most limit+1 bytes, parsed as strict JSON (broker.strict_json).
+Only the claimed name, the inode that was read, is ever removed afterwards.
 """
 
 from __future__ import annotations
 
-import enum
 import errno
 import fcntl
-import json
-import math
+import logging
 import os
-import re
+import shutil
 import stat
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
+from broker import attachments
+from broker.config import Limits
 from broker.errors import Issue, Rejected
+from broker.faults import fault
+from broker.models import Request
+from broker.names import ATTACHMENT_NAME, REQUEST_ID, REQUEST_NAME, Kind, classify
+from broker.outbox import Outbox
+from broker.strict_json import parse_json
+from broker.validation import Validator
 
-REQUEST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
-ATTACHMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
-REQUEST_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
-
-
-class Kind(enum.Enum):
-    REQUEST = "request"
-    ATTACHMENT = "attachment"
-    TEMPORARY = "temporary"
-    BAD = "bad"
-
-
-def classify(name: str) -> tuple[Kind, str, str]:
-    """What a directory entry is by its name: (kind, request name, attachment name)."""
-    if name.startswith(".") or name.endswith(".tmp"):
-        return Kind.TEMPORARY, "", ""
-    if name.endswith(".json"):
-        stem = name[: -len(".json")]
-        if REQUEST_NAME.fullmatch(stem):
-            return Kind.REQUEST, stem, ""
-    elif name.endswith(".bin"):
-        parts = name[: -len(".bin")].split(".")
-        if (
-            len(parts) == 2
-            and REQUEST_NAME.fullmatch(parts[0])
-            and ATTACHMENT_NAME.fullmatch(parts[1])
-        ):
-            return Kind.ATTACHMENT, parts[0], parts[1]
-    return Kind.BAD, "", ""
+__all__ = [
+    "ATTACHMENT_NAME",
+    "REQUEST_ID",
+    "REQUEST_NAME",
+    "BadNames",
+    "Claims",
+    "Kind",
+    "Read",
+    "being_written",
+    "classify",
+    "exists",
+    "parse_json",
+    "read_file",
+]
+log = logging.getLogger("broker")
 
 
 def _reject(code: str, message: str, path: str = "") -> Rejected:
@@ -116,68 +112,6 @@ def _check_kind(st: os.stat_result) -> None:
         raise _reject("hard_link", "the request file has several hard links; write a new file")
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise _reject("duplicate_key", f"the key {key!r} appears twice in one object")
-        result[key] = value
-    return result
-
-
-def _no_constant(name: str) -> Any:
-    raise _reject("non_finite_number", f"{name} is not a JSON number")
-
-
-def parse_json(data: bytes, max_depth: int) -> Any:
-    """Strict JSON: UTF-8, unique keys, finite numbers, valid strings, bounded depth."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise _reject("bad_utf8", f"the file is not UTF-8 (byte {exc.start})") from exc
-    if text.startswith("\ufeff"):
-        raise _reject("bad_json", "the file starts with a byte order mark")
-    try:
-        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
-    except RecursionError as exc:
-        raise _reject("too_deep", f"nesting deeper than {max_depth} levels") from exc
-    except json.JSONDecodeError as exc:
-        raise _reject(
-            "bad_json", f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        ) from exc
-    except ValueError as exc:  # an integer too long to convert
-        raise _reject("bad_number", "a number is too large") from exc
-    _check_values(value, max_depth)
-    return value
-
-
-def _check_values(root: Any, max_depth: int) -> None:
-    stack: list[tuple[Any, int]] = [(root, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, dict):
-            if depth > max_depth:
-                raise _reject("too_deep", f"nesting deeper than {max_depth} levels")
-            for key, item in value.items():
-                _check_string(key)
-                stack.append((item, depth + 1))
-        elif isinstance(value, list):
-            if depth > max_depth:
-                raise _reject("too_deep", f"nesting deeper than {max_depth} levels")
-            stack.extend((item, depth + 1) for item in value)
-        elif isinstance(value, str):
-            _check_string(value)
-        elif isinstance(value, float) and not math.isfinite(value):
-            raise _reject("non_finite_number", "a number is too large to be finite")
-
-
-def _check_string(text: str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise _reject("bad_unicode", "a string holds a lone surrogate escape") from exc
-
-
 def being_written(dir_fd: int, name: str) -> bool:
     """Whether some process holds this regular file open for writing.
 
@@ -215,3 +149,183 @@ def exists(dir_fd: int, name: str) -> bool:
     except OSError:
         return False
     return True
+
+
+class BadNames:
+    """Logs each file name that is not a request name once, and past `limit` distinct
+    names one summary line a minute with a count, so a flood of bad names cannot flood
+    the log on every rescan."""
+
+    def __init__(self, limit: int = 10_000, every_s: float = 60.0) -> None:
+        self.limit = limit
+        self.every_s = every_s
+        self._seen: set[tuple[str, str]] = set()
+        self._suppressed = 0
+        self._told_at = 0.0
+
+    def note(self, sandbox: str, name: str) -> None:
+        key = (sandbox, name)
+        if key in self._seen:
+            return
+        if len(self._seen) < self.limit:
+            self._seen.add(key)
+            log.warning("sandbox %s: ignoring %r: not a request name", sandbox, name)
+            return
+        self._suppressed += 1
+        now = time.monotonic()
+        if now - self._told_at >= self.every_s:
+            log.warning(
+                "ignoring %d more files whose names are not request names (each is logged "
+                "once, up to %d names)",
+                self._suppressed,
+                self.limit,
+            )
+            self._suppressed = 0
+            self._told_at = now
+
+
+@dataclass
+class Read:
+    """What reading one claimed request gave: the request, or why it is refused."""
+
+    box: Outbox
+    stem: str
+    where: str  # its name in the claim dir
+    claimed: list[str] = field(default_factory=list)  # everything to remove once recorded
+    raw: bytes = b""
+    doc: Any = None
+    request: Request | None = None
+    rejected: Rejected | None = None
+
+    @property
+    def hostile(self) -> bool:
+        """Refused before it parsed (a link, a FIFO…): removed at once, not when idle."""
+        return self.rejected is not None and self.doc is None
+
+
+class Claims:
+    """Claims and reads what sandboxes wrote into their outboxes."""
+
+    def __init__(self, limits: Limits, validator: Validator, state_dir: Any) -> None:
+        self.limits = limits
+        self.validator = validator
+        self.state_dir = state_dir
+        self.bad_names = BadNames()
+        self._counter = 0
+
+    def claim(self, box: Outbox, name: str, kind: Kind = Kind.REQUEST) -> str | None:
+        """Move `name` out of the sandbox's reach; return its claimed name, or None."""
+        found, _, _ = classify(name)
+        if found is not kind:
+            if found is Kind.BAD:
+                self.bad_names.note(box.sandbox, name)
+            return None
+        if being_written(box.outbox_fd, name):
+            return None  # its writer's close (IN_CLOSE_WRITE) brings it back
+        self._counter += 1
+        target = f"{name}~{os.getpid()}-{self._counter}"
+        try:
+            os.rename(name, target, src_dir_fd=box.outbox_fd, dst_dir_fd=box.claim_fd)
+        except FileNotFoundError:
+            return None  # already taken (an event and a rescan for the same file)
+        return target
+
+    def read(self, box: Outbox, stem: str, where: str) -> Read | None:
+        """Read a claimed request and its attachments; None if the file is gone."""
+        got = Read(box, stem, where, [where])
+        try:
+            got.raw = read_file(box.claim_fd, where, self.limits.max_request_bytes)
+            fault("after_read")
+            got.doc = parse_json(got.raw, self.limits.max_depth)
+            self.validator.envelope(got.doc)
+            doc = got.doc
+            got.request = Request(
+                sandbox=box.sandbox,
+                id=doc.get("id", stem),
+                name=stem,
+                effect=doc["effect"],
+                params=doc["params"],
+                reason=doc.get("reason"),
+                idempotency_key=doc.get("idempotency_key"),
+                attachments=self._attachments(got, doc.get("attachments") or []),
+            )
+        except FileNotFoundError:
+            return None
+        except Rejected as exc:
+            got.rejected = exc
+        return got
+
+    def _attachments(self, got: Read, names: list[str]) -> dict[str, str]:
+        """Take each listed attachment into the content-addressed store."""
+        digests: dict[str, str] = {}
+        for i, att in enumerate(names):
+            file_name = f"{got.stem}.{att}.bin"
+            where = self._claim_attachment(got.box, file_name)
+            if where is None:
+                raise Rejected(
+                    f"invalid: attachment {att!r} is missing; write {file_name} into the "
+                    "outbox (by rename) before the request that lists it",
+                    [Issue(f"/attachments/{i}", "missing_attachment", f"no file {file_name}")],
+                )
+            got.claimed.append(where)
+            try:
+                data = read_file(got.box.claim_fd, where, self.limits.max_attachment_bytes)
+            except Rejected as exc:
+                first = exc.issues[0] if exc.issues else None
+                message = f"attachment {att!r}: {first.message if first else exc.reason}"
+                code = first.code if first else "bad_attachment"
+                raise Rejected(
+                    f"invalid: {message}", [Issue(f"/attachments/{i}", code, message)]
+                ) from exc
+            digests[att] = attachments.store(self.state_dir, data)
+        return digests
+
+    def _claim_attachment(self, box: Outbox, file_name: str) -> str | None:
+        claimed = self.claim(box, file_name, kind=Kind.ATTACHMENT)
+        if claimed is not None:
+            return claimed
+        for leftover in box.claimed():  # after a crash, it may be claimed already
+            if leftover.split("~", 1)[0] == file_name:
+                return leftover
+        return None
+
+    def drop_orphans(self, box: Outbox, names: list[str]) -> None:
+        """Remove attachments whose request did not come within the grace period: each
+        is claimed first, so only the file that was judged old is removed."""
+        requests = {n.removesuffix(".json") for n in names if n.endswith(".json")}
+        cutoff = time.time() - self.limits.attachment_grace_s
+        for name in names:
+            kind, stem, _ = classify(name)
+            if kind is not Kind.ATTACHMENT or stem in requests:
+                continue
+            try:
+                st = os.stat(name, dir_fd=box.outbox_fd, follow_symlinks=False)
+            except OSError:
+                continue
+            if st.st_mtime >= cutoff:
+                continue
+            where = self.claim(box, name, kind=Kind.ATTACHMENT)
+            if where is not None:
+                remove(box, where)
+                log.warning(
+                    "sandbox %s: removed attachment %r: no request listed it within %ds",
+                    box.sandbox,
+                    name,
+                    self.limits.attachment_grace_s,
+                )
+
+
+def remove(box: Outbox, claimed: str) -> None:
+    """Remove a claimed entry (a directory a hostile sandbox renamed in, too)."""
+    fault("before_remove")
+    try:
+        st = os.stat(claimed, dir_fd=box.claim_fd, follow_symlinks=False)
+        if stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(claimed, dir_fd=box.claim_fd)
+        else:
+            os.unlink(claimed, dir_fd=box.claim_fd)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("sandbox %s: cannot remove %r: %s", box.sandbox, claimed, exc.strerror)
+    fault("after_remove")

@@ -14,13 +14,14 @@ import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
-from functools import cached_property
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from broker.errors import AmbiguousRequest, LedgerError, RequestNotFound
-from broker.models import TERMINAL, Result
+from broker.models import Decision, Record
+
+__all__ = ["IN_FLIGHT", "SCHEMA", "WAITING", "Decision", "Ledger", "Record"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS requests (
@@ -46,6 +47,7 @@ CREATE TABLE IF NOT EXISTS requests (
     completed_at TEXT,
     expires_at TEXT,
     on_timeout TEXT,
+    seen TEXT,
     synced INTEGER NOT NULL DEFAULT 0,
     UNIQUE (sandbox, id)
 );
@@ -78,99 +80,12 @@ CREATE TABLE IF NOT EXISTS audit_queue (
 );
 """
 
-_JSON_COLUMNS = {"errors", "output", "verdict", "preview"}
+_JSON_COLUMNS = {"errors", "output", "verdict", "preview", "seen"}
 WAITING = ("pending",)
 IN_FLIGHT = ("received", "approved", "applying")
 
 
-@dataclass(frozen=True)
-class Record:
-    """One request's row. `state` walks received → … → a terminal status."""
-
-    sandbox: str
-    id: str
-    name: str
-    state: str
-    received_at: str
-    effect: str | None = None
-    payload: str | None = None
-    sha256: str | None = None
-    idempotency_key: str | None = None
-    reason: str | None = None
-    errors: list[dict[str, str]] | None = None
-    output: dict[str, Any] | None = None
-    verdict: dict[str, Any] | None = None
-    preview: dict[str, Any] | None = None
-    reversible: bool | None = None
-    decided_by: str | None = None
-    replay_of: str | None = None
-    decided_at: str | None = None
-    completed_at: str | None = None
-    expires_at: str | None = None
-    on_timeout: str | None = None
-    seq: int | None = None
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.sandbox, self.id)
-
-    @property
-    def terminal(self) -> bool:
-        return self.state in TERMINAL
-
-    @cached_property
-    def envelope(self) -> dict[str, Any]:
-        return json.loads(self.payload) if self.payload else {}
-
-    def result(self) -> Result | None:
-        """The result file this row shows, or None while there is nothing to show."""
-        if self.state not in TERMINAL and self.state != "pending":
-            return None
-        return Result(
-            id=self.id,
-            status=self.state,
-            effect=self.effect,
-            reason=self.reason,
-            output=self.output,
-            errors=tuple(self.errors or ()),
-            request_sha256=self.sha256,
-            decided_by=self.decided_by,
-            received_at=self.received_at,
-            decided_at=self.decided_at,
-            completed_at=self.completed_at,
-            expires_at=self.expires_at,
-            on_timeout=self.on_timeout,
-            replayed=self.replay_of is not None,
-        )
-
-    def evolve(self, **changes: Any) -> Record:
-        """A copy with `changes`; unknown names raise, like dataclasses.replace."""
-        unknown = changes.keys() - _RECORD_FIELDS_SET
-        if unknown:
-            raise TypeError(f"Record has no field {sorted(unknown)[0]!r}")
-        new = object.__new__(Record)
-        new.__dict__.update(self.__dict__, **changes)  # 15x cheaper than replace()
-        if "payload" in changes:
-            new.__dict__.pop("envelope", None)  # parsed from the old payload
-        return new
-
-
-@dataclass(frozen=True)
-class Decision:
-    """One person's verdict on one request, bound to the sha256 they saw."""
-
-    sandbox: str
-    id: str
-    approver: str
-    verdict: str  # approve | deny
-    reason: str | None
-    surface: str  # cli | prompt | web | api
-    sha256: str
-    at: str
-
-
 _RECORD_FIELDS = [f.name for f in fields(Record)]
-_RECORD_FIELDS_SET = frozenset(_RECORD_FIELDS)
 
 
 def _row_to_record(row: sqlite3.Row) -> Record:
@@ -181,6 +96,13 @@ def _row_to_record(row: sqlite3.Row) -> Record:
     if data.get("reversible") is not None:
         data["reversible"] = bool(data["reversible"])
     return Record(**data)
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Columns added since the first release, for ledgers made before them."""
+    have = {row[1] for row in db.execute("PRAGMA table_info(requests)")}
+    if "seen" not in have:
+        db.execute("ALTER TABLE requests ADD COLUMN seen TEXT")
 
 
 def _dump(value: Any) -> Any:
@@ -202,6 +124,7 @@ class Ledger:
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.executescript(SCHEMA)
+            _migrate(self._db)
         except sqlite3.Error as exc:
             raise LedgerError(f"{path}: cannot open the ledger: {exc}") from exc
         self._lock = threading.RLock()

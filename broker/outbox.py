@@ -1,9 +1,9 @@
 """The outboxes the broker serves, and one watcher for all of them.
 
 Each served sandbox has an outbox (the agent writes), a results dir (the broker
-writes) and, where it can, a private claim dir on the same file system: a request is
-moved there by rename before it is read, so nothing the sandbox does afterwards (a
-rewrite, a symlink swap) can change what the broker reads. File-system events are a
+writes) and a private claim dir on the same file system: a request is moved there by
+rename before it is read, so nothing the sandbox does afterwards (a rewrite, a
+symlink swap) can change what the broker reads. File-system events are a
 hint: a periodic rescan converges on the real contents when events are lost.
 """
 
@@ -17,9 +17,9 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from broker.errors import ConfigError
+from broker.events import DirsChanged, Event, FileSeen, Rescan
 
 log = logging.getLogger("broker.outbox")
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW
@@ -28,28 +28,37 @@ SANDBOX_ID = "default"
 
 @dataclass
 class Outbox:
-    """One sandbox's directories, held open by fd for the broker's lifetime."""
+    """One sandbox's directories, held open by fd for the broker's lifetime.
+
+    The claim dir is private to the broker and on the outbox's file system: a request
+    is renamed into it before it is read, and only what was renamed there is ever
+    removed. Where no such place exists the outbox is refused, never read in place.
+    """
 
     sandbox: str
     outbox: Path
     results: Path
-    claim: Path | None
+    claim: Path
     outbox_fd: int = -1
     results_fd: int = -1
     claim_fd: int = -1
 
-    def open(self) -> Outbox:
+    def open(self, layout_hint: str) -> Outbox:
         try:
             self.outbox_fd = os.open(self.outbox, _DIR)
             self.results.mkdir(parents=True, exist_ok=True)
             self.results_fd = os.open(self.results, _DIR)
-            if self.claim is not None:
-                self.claim.mkdir(mode=0o700, parents=True, exist_ok=True)
-                if os.stat(self.claim).st_dev != os.fstat(self.outbox_fd).st_dev:
-                    self.claim = None  # another file system: read in place instead
-                else:
-                    self.claim_fd = os.open(self.claim, _DIR)
+            self.claim.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if os.stat(self.claim).st_dev != os.fstat(self.outbox_fd).st_dev:
+                self.close()
+                raise ConfigError(
+                    f"sandbox {self.sandbox}: the outbox {self.outbox} is on another file "
+                    f"system than its claim dir {self.claim}; the broker claims each request "
+                    f"by rename before reading it, so {layout_hint}"
+                )
+            self.claim_fd = os.open(self.claim, _DIR)
         except OSError as exc:
+            self.close()
             raise ConfigError(
                 f"sandbox {self.sandbox}: cannot open {exc.filename}: {exc.strerror}"
             ) from exc
@@ -68,45 +77,127 @@ class Outbox:
             return []
 
     def claimed(self) -> list[str]:
-        if self.claim_fd < 0:
-            return []
         return sorted(os.listdir(self.claim_fd))
 
 
-def attach(sandbox: str, outbox: Path, results: Path, state_dir: Path) -> Outbox:
+ATTACH_HINT = (
+    "put the state dir on the outbox's file system, or pass --claim DIR: a directory "
+    "on that file system that the sandbox cannot see"
+)
+LAYOUT_HINT = (
+    "mount the sandbox's own file system at sandboxes/<id>/ (holding outbox/, results/ "
+    "and claimed/), not at sandboxes/<id>/outbox/"
+)
+
+
+def attach(
+    sandbox: str, outbox: Path, results: Path, state_dir: Path, claim: Path | None = None
+) -> Outbox:
     """An orchestrator's own pair of directories (attach mode)."""
     outbox, results = outbox.absolute(), results.absolute()
     if not outbox.is_dir():
         raise ConfigError(f"--outbox {outbox}: not a directory")
     if state_dir.absolute().is_relative_to(outbox):
         raise ConfigError(f"the state dir {state_dir} must not be inside the outbox {outbox}")
-    return Outbox(sandbox, outbox, results, state_dir.absolute() / "claimed" / sandbox).open()
+    where = claim.absolute() if claim else state_dir.absolute() / "claimed" / sandbox
+    if where.is_relative_to(outbox):
+        raise ConfigError(f"--claim {where} must not be inside the outbox {outbox}")
+    return Outbox(sandbox, outbox, results, where).open(ATTACH_HINT)
 
 
 def from_layout(root: Path, sandbox: str) -> Outbox:
     """A sandbox under <state>/sandboxes/<id>/ (the layout `broker run` creates)."""
     base = root / sandbox
-    return Outbox(sandbox, base / "outbox", base / "results", base / "claimed").open()
+    return Outbox(sandbox, base / "outbox", base / "results", base / "claimed").open(LAYOUT_HINT)
 
 
-def discover(sandboxes_dir: Path) -> list[str]:
-    """Sandbox ids under <state>/sandboxes/ that have an outbox."""
+def discover(sandboxes_dir: Path) -> tuple[list[str], list[str]]:
+    """Sandbox ids under <state>/sandboxes/: (those with an outbox, those still without)."""
     try:
         entries = sorted(os.listdir(sandboxes_dir))
     except FileNotFoundError:
-        return []
-    return [e for e in entries if (sandboxes_dir / e / "outbox").is_dir() and not e.startswith(".")]
+        return [], []
+    ready: list[str] = []
+    waiting: list[str] = []
+    for entry in entries:
+        if entry.startswith(".") or not (sandboxes_dir / entry).is_dir():
+            continue
+        (ready if (sandboxes_dir / entry / "outbox").is_dir() else waiting).append(entry)
+    return ready, waiting
+
+
+class Served:
+    """The outboxes one broker serves: by sandbox and by directory, and the roots new
+    sandboxes are discovered under. A sandbox dir whose outbox is not there yet is
+    watched itself, so the outbox is served the moment it appears."""
+
+    def __init__(self, control_dir: Path) -> None:
+        self.boxes: dict[str, Outbox] = {}
+        self.by_dir: dict[str, Outbox] = {}
+        self.roots: list[Path] = []
+        self._control = control_dir
+        self._waiting: list[Path] = []
+        self._refused: dict[str, str] = {}
+
+    def add(self, box: Outbox) -> None:
+        self.boxes[box.sandbox] = box
+        self.by_dir[str(box.outbox)] = box
+
+    def remove(self, sandbox: str) -> None:
+        box = self.boxes.pop(sandbox, None)
+        if box is not None:
+            self.by_dir.pop(str(box.outbox), None)
+            box.close()
+
+    def add_root(self, sandboxes_dir: Path) -> None:
+        sandboxes_dir.mkdir(parents=True, exist_ok=True)
+        self.roots.append(sandboxes_dir)
+
+    def discover(self) -> list[Outbox]:
+        """Serve the sandboxes that appeared under the roots; return the new ones."""
+        added: list[Outbox] = []
+        self._waiting = []
+        for root in self.roots:
+            ready, waiting = discover(root)
+            self._waiting.extend(root / w for w in waiting)
+            for sandbox in ready:
+                if sandbox in self.boxes:
+                    continue
+                try:
+                    box = from_layout(root, sandbox)
+                except ConfigError as exc:
+                    if self._refused.get(sandbox) != str(exc):
+                        self._refused[sandbox] = str(exc)
+                        log.error("%s", exc)
+                    continue
+                self._refused.pop(sandbox, None)
+                self.add(box)
+                added.append(box)
+        return added
+
+    def dirs(self) -> list[Path]:
+        return [b.outbox for b in self.boxes.values()]
+
+    def parents(self) -> list[Path]:
+        """What to watch for new sandboxes: the roots, sandboxes still without an outbox,
+        and the control dir (nudges from other processes)."""
+        self._control.mkdir(parents=True, exist_ok=True)
+        return [*self.roots, *self._waiting, self._control]
+
+    def close(self) -> None:
+        for box in self.boxes.values():
+            box.close()
 
 
 class Watcher:
     """One watcher for every outbox: raw inotify on Linux, else watchfiles.
 
-    Puts ("file", dir, name) for each entry worth reading, ("dirs",) when a watched
-    parent (the sandboxes root, the control dir) changes, and ("rescan",) when
-    events may have been lost. `sync` returns once the watches are in place.
+    Puts FileSeen for each entry worth reading, DirsChanged when a watched parent (the
+    sandboxes root, the control dir) changes, and Rescan when events may have been
+    lost. `sync` returns once the watches are in place.
     """
 
-    def __init__(self, events: queue.Queue[tuple[Any, ...]]) -> None:
+    def __init__(self, events: queue.Queue[Event]) -> None:
         from broker import inotify
 
         self._events = events
@@ -150,9 +241,9 @@ class Watcher:
         from broker import inotify
 
         if not folder:
-            self._events.put(("rescan",))
+            self._events.put(Rescan())
         elif folder in self._parents:
-            self._events.put(("dirs",))
+            self._events.put(DirsChanged())
         elif name.startswith(".") or name.endswith(".tmp"):
             return  # a temporary name: its rename into place is the event that counts
         elif mask & inotify.IN_CREATE and not mask & inotify.IN_ISDIR:
@@ -164,15 +255,15 @@ class Watcher:
                 return
             if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
                 return
-            self._events.put(("file", folder, name))
+            self._events.put(FileSeen(folder, name))
         else:
-            self._events.put(("file", folder, name))
+            self._events.put(FileSeen(folder, name))
 
 
 class _WatchfilesWatcher:
     """The portable path: watchfiles in a thread, restarted on error or new paths."""
 
-    def __init__(self, events: queue.Queue[tuple[Any, ...]], step_ms: int = 2) -> None:
+    def __init__(self, events: queue.Queue[Event], step_ms: int = 2) -> None:
         self._events = events
         self._step_ms = step_ms
         self._dirs: list[Path] = []
@@ -223,12 +314,12 @@ class _WatchfilesWatcher:
                     for change, path in changes:
                         folder, _, name = path.rpartition("/")
                         if folder in parent_set:
-                            self._events.put(("dirs",))
+                            self._events.put(DirsChanged())
                         elif change != Change.deleted:
-                            self._events.put(("file", folder, name))
+                            self._events.put(FileSeen(folder, name))
             except Exception as exc:  # the watcher is a hint; the rescan keeps us right
                 log.warning("watcher failed (%s); restarting it and rescanning", exc)
-                self._events.put(("rescan",))
+                self._events.put(Rescan())
                 self._stop.wait(0.5)
 
 

@@ -7,15 +7,26 @@ person for one hour and are then denied. `classify` is a pure function.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+from broker.clock import parse_duration
 from broker.errors import PolicyError
 from broker.models import Verdict
+
+__all__ = [
+    "ACTIONS",
+    "Policy",
+    "Rule",
+    "batch_allowed",
+    "load_policy",
+    "parse_duration",
+    "parse_policy",
+    "slack_buttons",
+]
 
 ACTIONS = ("auto", "approve", "deny")
 # how people may decide what an approve rule holds: within a selection, from Slack
@@ -23,37 +34,9 @@ SURFACE_KEYS = ("batch", "slack_buttons", "slack_buttons_irreversible")
 RULE_KEYS = {"effect", "when", "action", "reason", "approvals", "timeout", "on_timeout"}
 RULE_KEYS |= set(SURFACE_KEYS)
 DEFAULT_TIMEOUT_S = 3600.0
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-MAX_DURATION_S = 366 * 86400.0  # a deadline must be a date people can still act on
 
 # effect name -> does its handler declare it reversible? (the registered effects)
 Reversibility = Mapping[str, bool]
-
-
-def parse_duration(value: Any) -> float:
-    """'90s', '4h', '1h30m', '2d' or a number of seconds → seconds (at most a year)."""
-    total = _duration(value)
-    if not total <= MAX_DURATION_S:  # also refuses NaN
-        raise ValueError(f"{value!r} is longer than a year; use a shorter duration")
-    return total
-
-
-def _duration(value: Any) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-        return float(value)
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"expected a duration like '30s', '4h' or '1h30m', got {value!r}")
-    text = value.strip().replace(" ", "")
-    pos, total = 0, 0.0
-    for match in _DURATION.finditer(text):
-        if match.start() != pos:
-            break
-        total += float(match.group(1)) * _UNITS[match.group(2)]
-        pos = match.end()
-    if pos != len(text) or total <= 0:
-        raise ValueError(f"expected a duration like '30s', '4h' or '1h30m', got {value!r}")
-    return total
 
 
 def _lookup(params: Mapping[str, Any], dotted: str) -> tuple[bool, Any]:

@@ -1,47 +1,125 @@
 """Effect name → handler. Built-ins and plugins are found the same way: the
-`broker.effects` entry-point group; every handler is checked when it registers.
+`broker.effects` entry-point group; every handler is checked against the contract
+in `effects.base` when it registers, and its optional members resolved once.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
+from broker.config import Settings
 from broker.errors import ConfigError, DuplicateEffect, RegistryError, UnknownEffect
-from broker.typing import EffectHandler
+from broker.models import Preview
+from broker.typing import JSON, Params
 from broker.validation import compile_schema
+from effects.base import (
+    OPTIONAL_FLAGS,
+    OPTIONAL_METHODS,
+    REQUIRED_FLAGS,
+    REQUIRED_METHODS,
+    Context,
+    EffectHandler,
+    Handler,
+)
 
 ENTRY_POINT_GROUP = "broker.effects"
 EFFECT_NAME = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*){1,2}")
-_FLAGS = ("reversible", "idempotent")
-_METHODS = ("check_config", "check", "reversible_for", "preview", "apply")
+
+
+@dataclass(frozen=True)
+class Effect:
+    """A registered handler as the broker calls it: optional members resolved to the
+    handler's own or to the contract's default, so no caller probes for them."""
+
+    handler: EffectHandler
+    origin: str
+    schema: Mapping[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.handler.name
+
+    @property
+    def integration(self) -> str:
+        return self.handler.name.split(".", 1)[0]
+
+    @property
+    def reversible(self) -> bool:
+        return self.handler.reversible
+
+    @property
+    def idempotent(self) -> bool:
+        return self.handler.idempotent
+
+    @property
+    def undo(self) -> str:
+        return self.handler.undo
+
+    @property
+    def inline(self) -> bool:
+        return bool(getattr(self.handler, "inline", False))
+
+    @property
+    def assess_inline(self) -> bool:
+        """Whether `reversible_for` may run on the loop: the handler says so, or it has
+        no reversible_for of its own (the default reads a flag)."""
+        own = getattr(type(self.handler), "reversible_for", None)
+        return bool(
+            getattr(self.handler, "assess_inline", False)
+            or self.inline
+            or own is None
+            or own is Handler.reversible_for
+        )
+
+    @property
+    def revertible(self) -> bool:
+        return callable(getattr(self.handler, "revert", None))
+
+    def check_config(self, settings: Mapping[str, Any]) -> None:
+        if getattr(self.handler, "check_config", None) is not None:
+            self.handler.check_config(settings)  # type: ignore[attr-defined]
+
+    def check(self, params: Params, ctx: Context) -> None:
+        if getattr(self.handler, "check", None) is not None:
+            self.handler.check(params, ctx)  # type: ignore[attr-defined]
+
+    def reversible_for(self, params: Params, ctx: Context) -> bool:
+        own = getattr(self.handler, "reversible_for", None)
+        return bool(own(params, ctx)) if own is not None else self.reversible
+
+    def idempotent_for(self, params: Params, ctx: Context) -> bool:
+        own = getattr(self.handler, "idempotent_for", None)
+        return bool(own(params, ctx)) if own is not None else self.idempotent
+
+    def preview(self, params: Params, ctx: Context) -> Preview:
+        return self.handler.preview(params, ctx)
+
+    def apply(self, params: Params, ctx: Context) -> JSON:
+        return self.handler.apply(params, ctx)
+
+    def revert_preview(self, output: Params, ctx: Context) -> Preview:
+        result: Preview = self.handler.revert_preview(output, ctx)  # type: ignore[attr-defined]
+        return result
+
+    def revert(self, output: Params, ctx: Context) -> JSON:
+        result: JSON = self.handler.revert(output, ctx)  # type: ignore[attr-defined]
+        return result
 
 
 class Registry:
     """A dict of handlers keyed by effect name, each verified on registration."""
 
     def __init__(self) -> None:
-        self._handlers: dict[str, EffectHandler] = {}
-        self._origins: dict[str, str] = {}
+        self._effects: dict[str, Effect] = {}
 
     def register(self, handler: Any, origin: str = "(code)") -> EffectHandler:
         """Verify `handler` against the contract and add it; errors name the origin."""
-        name = getattr(handler, "name", None)
-        if not isinstance(name, str) or not EFFECT_NAME.fullmatch(name):
-            raise RegistryError(
-                f"{origin}: handler name {name!r} is not <integration>.<verb> "
-                "or <integration>.<object>.<verb> in lower case"
-            )
-        for flag in _FLAGS:
-            if not isinstance(getattr(handler, flag, None), bool):
-                raise RegistryError(f"{origin}: {name}.{flag} must be True or False")
-        if not isinstance(getattr(handler, "undo", None), str):
-            raise RegistryError(f"{origin}: {name}.undo must be a sentence saying how to undo it")
-        for method in _METHODS:
-            if not callable(getattr(handler, method, None)):
-                raise RegistryError(f"{origin}: {name} has no {method}() method")
+        name = _verify(handler, origin)
         try:
             schema = handler.schema
         except FileNotFoundError as exc:
@@ -49,12 +127,12 @@ class Registry:
         if not isinstance(schema, Mapping):
             raise RegistryError(f"{origin}: {name}.schema must be a JSON Schema object")
         compile_schema(schema, f"{origin}: {name}.schema")
-        if name in self._handlers:
+        if name in self._effects:
             raise DuplicateEffect(
-                f"effect {name} is registered twice: by {self._origins[name]} and by {origin}"
+                f"effect {name} is registered twice: by {self._effects[name].origin} "
+                f"and by {origin}"
             )
-        self._handlers[name] = handler
-        self._origins[name] = origin
+        self._effects[name] = Effect(handler, origin, schema)
         return handler  # type: ignore[no-any-return]
 
     def load_entry_points(self, group: str = ENTRY_POINT_GROUP) -> None:
@@ -71,40 +149,79 @@ class Registry:
                 self.register(handler, origin)
 
     def get(self, name: str) -> EffectHandler:
+        """The handler object itself, as its author wrote it."""
+        return self.effect(name).handler
+
+    def effect(self, name: str) -> Effect:
+        """The handler as the broker calls it (optional members resolved)."""
         try:
-            return self._handlers[name]
+            return self._effects[name]
         except KeyError:
             raise UnknownEffect(f"no effect named {name!r} is registered") from None
 
     def origin(self, name: str) -> str:
-        return self._origins[name]
+        return self._effects[name].origin
 
     def __contains__(self, name: object) -> bool:
-        return name in self._handlers
+        return name in self._effects
 
     def __iter__(self) -> Iterator[EffectHandler]:
-        return iter(sorted(self._handlers.values(), key=lambda h: h.name))
+        return iter(e.handler for e in self.effects())
+
+    def effects(self) -> list[Effect]:
+        return sorted(self._effects.values(), key=lambda e: e.name)
 
     def __len__(self) -> int:
-        return len(self._handlers)
+        return len(self._effects)
 
     def schemas(self) -> dict[str, Mapping[str, Any]]:
-        return {name: h.schema for name, h in self._handlers.items()}
+        return {name: e.schema for name, e in self._effects.items()}
 
     def reversibility(self) -> dict[str, bool]:
-        return {name: h.reversible for name, h in self._handlers.items()}
+        return {name: e.reversible for name, e in self._effects.items()}
 
-    def check_config(self, integrations: Mapping[str, Mapping[str, Any]]) -> None:
-        """Let each handler check its integration's settings; refuse unknown sections."""
-        served = {h.name.split(".", 1)[0] for h in self}
+    def check_config(
+        self, integrations: Mapping[str, Mapping[str, Any]], base_dir: Path | None = None
+    ) -> None:
+        """Let each handler check its integration's settings (as `Settings`, whose
+        secrets resolve beside broker.toml, `base_dir`); refuse unknown sections."""
+        served = {e.integration for e in self._effects.values()}
         for section in integrations:
             if section not in served:
                 raise ConfigError(
                     f"integrations.{section}: no registered effect belongs to it "
                     f"(known: {', '.join(sorted(served))})"
                 )
-        for handler in self:
-            handler.check_config(integrations.get(handler.name.split(".", 1)[0], {}))
+        for effect in self.effects():
+            where = f"integrations.{effect.integration}"
+            effect.check_config(Settings(integrations.get(effect.integration, {}), where, base_dir))
+
+
+def _verify(handler: Any, origin: str) -> str:
+    """The handler's name, once every member the contract names is what it must be."""
+    name = getattr(handler, "name", None)
+    if not isinstance(name, str) or not EFFECT_NAME.fullmatch(name):
+        raise RegistryError(
+            f"{origin}: handler name {name!r} is not <integration>.<verb> "
+            "or <integration>.<object>.<verb> in lower case"
+        )
+    for flag in REQUIRED_FLAGS:
+        if not isinstance(getattr(handler, flag, None), bool):
+            raise RegistryError(f"{origin}: {name}.{flag} must be True or False")
+    if not isinstance(getattr(handler, "undo", None), str):
+        raise RegistryError(f"{origin}: {name}.undo must be a sentence saying how to undo it")
+    for method in REQUIRED_METHODS:
+        if not callable(getattr(handler, method, None)):
+            raise RegistryError(f"{origin}: {name} has no {method}() method")
+    for method in OPTIONAL_METHODS:
+        if hasattr(handler, method) and not callable(getattr(handler, method)):
+            raise RegistryError(f"{origin}: {name}.{method} must be a {method}() method")
+    for flag in OPTIONAL_FLAGS:
+        if hasattr(handler, flag) and not isinstance(getattr(handler, flag), bool):
+            raise RegistryError(f"{origin}: {name}.{flag} must be True or False")
+    if hasattr(handler, "revert") != hasattr(handler, "revert_preview"):
+        raise RegistryError(f"{origin}: {name} must have both revert() and revert_preview()")
+    return name
 
 
 def _handlers_of(obj: Any, origin: str) -> Iterable[Any]:

@@ -7,10 +7,16 @@ written are rewritten from it at start (the `synced` flag).
 from __future__ import annotations
 
 import json
+import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
-from broker.models import Result
+from broker.faults import fault
+from broker.models import Record, Result
+from broker.outbox import Served
+
+log = logging.getLogger("broker")
 
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_TRUNC
 
@@ -50,3 +56,36 @@ def read(dir_fd: int, request_id: str) -> dict[str, Any] | None:
     with os.fdopen(fd, "rb") as f:
         value: dict[str, Any] = json.loads(f.read())
         return value
+
+
+class Answers:
+    """Writes results after the commit, and remembers which were written so the next
+    transaction can mark them synced (an unsynced result is written again at start).
+    Observers hear of every result written; their failures never touch the request."""
+
+    def __init__(self, served: Served) -> None:
+        self.served = served
+        self.observers: list[Callable[[Record], None]] = []
+        self.written: list[tuple[str, str, str]] = []
+
+    def write(self, record: Record) -> None:
+        result = record.result()
+        box = self.served.boxes.get(record.sandbox)
+        if result is None or box is None:
+            return
+        try:
+            write(box.results_fd, result)
+        except OSError as exc:
+            log.error("sandbox %s: cannot write result %s: %s", record.sandbox, record.id, exc)
+            return
+        fault("after_result")
+        self.written.append((record.sandbox, record.id, record.state))
+        for observer in self.observers:
+            try:
+                observer(record)
+            except Exception:
+                log.exception("an observer failed; the request is unaffected")
+
+    def take_written(self) -> list[tuple[str, str, str]]:
+        written, self.written = self.written, []
+        return written

@@ -1,6 +1,10 @@
-"""Test helpers shipped for plugin authors: a fake handler and a broker in a thread.
+"""Test helpers shipped for plugin authors: a real Context for handler tests, a fake
+handler, and a broker in a thread.
 
-from broker.testing import FakeHandler, BrokerHarness
+from broker.testing import FakeHandler, BrokerHarness, make_context
+
+ctx = make_context({"root": str(tmp_path)}, integration="files")
+preview = MyHandler().preview({"path": "a.txt"}, ctx)
 
 with BrokerHarness(tmp_path, handlers=[FakeHandler("demo.ping")]) as h:
     result = h.submit({"effect": "demo.ping", "params": {}})
@@ -9,6 +13,7 @@ with BrokerHarness(tmp_path, handlers=[FakeHandler("demo.ping")]) as h:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -19,14 +24,85 @@ from pathlib import Path
 from typing import Any
 
 from broker.config import Config, Limits
+from broker.context import Memo, context_for
 from broker.errors import EffectFailed
-from broker.models import TERMINAL, Preview
+from broker.models import TERMINAL, Preview, canonical, sha256_hex
 from broker.outbox import attach
 from broker.pipeline import Broker
 from broker.policy import Policy, parse_policy
 from broker.registry import Registry
 from broker.typing import JSON, Params
 from effects.base import Context
+
+
+def make_context(
+    settings: Mapping[str, Any] | None = None,
+    *,
+    integration: str = "test",
+    sandbox: str = "sandbox-1",
+    request_id: str = "req-1",
+    request_sha256: str | None = None,
+    params: Mapping[str, Any] | None = None,
+    state_dir: Path | None = None,
+    config_dir: Path | None = None,
+    attachments: Mapping[str, Path] | None = None,
+    secrets: Mapping[str, str] | None = None,
+    memo: Memo | None = None,
+) -> Context:
+    """A real Context, built the way the broker builds one for a recorded request.
+
+    `settings` is `[integrations.<integration>]`; its secret references (`*_env`,
+    `*_file`, files relative to `config_dir`) resolve as they do on the host, unless
+    `secrets` gives the values by key. `request_sha256` defaults to the sha256 of the
+    request the context describes. Pass the same `memo` to the preview's and the
+    apply's contexts to carry what the preview remembered (`ctx.remember`) to apply,
+    as the broker does between them.
+    """
+    import tempfile
+
+    from broker.ledger import Record
+
+    state = state_dir or Path(tempfile.mkdtemp(prefix="broker-ctx-"))
+    config = Config(
+        state_dir=state,
+        integrations={integration: dict(settings or {})},
+        source=(config_dir / "broker.toml") if config_dir else None,
+    )
+    envelope = {
+        "version": 1,
+        "id": request_id,
+        "effect": f"{integration}.test",
+        "params": dict(params or {}),
+    }
+    payload = canonical(envelope)
+    record = Record(
+        sandbox=sandbox,
+        id=request_id,
+        name=request_id,
+        state="applying",
+        received_at="1970-01-01T00:00:00.000Z",
+        effect=f"{integration}.test",
+        payload=payload.decode("utf-8"),
+        sha256=sha256_hex(payload),
+    )
+    ctx = context_for(config, record, memo)
+    changes: dict[str, Any] = {}
+    if request_sha256 is not None:
+        changes["request_sha256"] = request_sha256
+    if secrets is not None:
+        known = dict(secrets)
+        changes["secret"] = known.get
+    if attachments is not None:
+        given = dict(attachments)
+
+        def attachment(name: str) -> Path:
+            if name not in given:
+                raise EffectFailed(f"failed: no attachment named {name!r} came with the request")
+            return given[name]
+
+        changes["attachment"] = attachment
+    return dataclasses.replace(ctx, **changes) if changes else ctx
+
 
 FAKE_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -44,6 +120,7 @@ class FakeHandler:
     """An effect that records each apply in memory; `fail` in params makes it fail."""
 
     undo: str = "nothing to undo: the fake handler only records calls"
+    assess_inline: bool = True  # its reversible_for reads a flag
 
     def __init__(
         self,

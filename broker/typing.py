@@ -1,43 +1,12 @@
-"""The contracts other code plugs into, as Protocols, and the aliases they use."""
+"""Aliases the contracts use. The handler contract itself is `effects.base`."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
-
-if TYPE_CHECKING:
-    from broker.models import Preview
-    from effects.base import Context
+from typing import Any
 
 JSON = dict[str, Any]
+"""What a handler returns: a JSON-able object."""
+
 Params = Mapping[str, Any]
-
-
-@runtime_checkable
-class EffectHandler(Protocol):
-    """One effect. `effects.base.Handler` documents the rules and gives defaults."""
-
-    name: str
-    schema: Mapping[str, Any]
-    reversible: bool
-    idempotent: bool
-    undo: str
-
-    def check_config(self, settings: Mapping[str, Any]) -> None: ...
-
-    def check(self, params: Params, ctx: Context) -> None: ...
-
-    def reversible_for(self, params: Params, ctx: Context) -> bool: ...
-
-    def preview(self, params: Params, ctx: Context) -> Preview: ...
-
-    def apply(self, params: Params, ctx: Context) -> JSON: ...
-
-
-@runtime_checkable
-class Revertible(Protocol):
-    """A handler `broker undo` can use: it reverses what `apply` returned."""
-
-    def revert_preview(self, output: Params, ctx: Context) -> Preview: ...
-
-    def revert(self, output: Params, ctx: Context) -> JSON: ...
+"""A request's params, validated against the effect's schema, read-only by convention."""

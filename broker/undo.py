@@ -17,11 +17,11 @@ from typing import Any
 
 from broker.audit import event as audit_event
 from broker.config import Config
+from broker.context import context_for
 from broker.errors import DecisionError, EffectFailed
 from broker.ledger import Decision, Ledger, Record
 from broker.models import Preview, canonical, iso, now, sha256_hex
-from broker.pipeline import context_for
-from broker.registry import Registry
+from broker.registry import Effect, Registry
 
 HOST_SANDBOX = "host"
 
@@ -29,7 +29,7 @@ HOST_SANDBOX = "host"
 @dataclass(frozen=True)
 class UndoPlan:
     record: Record
-    handler: Any
+    effect: Effect
     preview: Preview
 
 
@@ -41,25 +41,19 @@ def plan(ledger: Ledger, registry: Registry, config: Config, ref: str) -> UndoPl
         raise DecisionError(f"{where} was not applied (it is {record.state}): nothing to undo")
     if record.effect not in registry:
         raise DecisionError(f"{where}: effect {record.effect} is no longer registered")
-    handler = registry.get(record.effect or "")
-    if not callable(getattr(handler, "revert", None)):
+    effect = registry.effect(record.effect or "")
+    if not effect.revertible:
         raise DecisionError(
-            f"{where}: {record.effect} cannot be undone by the broker ({handler.undo})"
+            f"{where}: {record.effect} cannot be undone by the broker ({effect.undo})"
         )
     if _undone(ledger, record):
         raise DecisionError(f"{where} was already undone")
-    ctx = context_for(config, record)
-    previewer = getattr(handler, "revert_preview", None)
     try:
-        preview = (
-            previewer(record.output or {}, ctx)
-            if callable(previewer)
-            else Preview(title=f"undo {record.effect} {where}", target=str(record.effect))
-        )
+        preview = effect.revert_preview(record.output or {}, context_for(config, record))
     except EffectFailed as exc:
         why = exc.reason.removeprefix("failed: ")
         raise DecisionError(f"{where}: cannot be undone: {why}") from exc
-    return UndoPlan(record, handler, preview)
+    return UndoPlan(record, effect, preview)
 
 
 def _undo_id(record: Record) -> str:
@@ -100,7 +94,7 @@ def execute(ledger: Ledger, config: Config, chosen: UndoPlan, who: str) -> Recor
         record = ledger.update(existing, **_fields(record)) if existing else ledger.insert(record)
         ledger.queue_audit(audit_event("undo_requested", original, stamp, by=who, undo=record.id))
     try:
-        output = chosen.handler.revert(original.output or {}, context_for(config, original))
+        output = chosen.effect.revert(original.output or {}, context_for(config, original))
         state, reason = "applied", f"undone by {who}"
     except EffectFailed as exc:
         output, state, reason = None, "failed", exc.reason

@@ -16,7 +16,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
 from broker.errors import Issue, Rejected
-from broker.intake import ATTACHMENT_NAME, REQUEST_ID
+from broker.names import ATTACHMENT_NAME, REQUEST_ID
 
 SCHEMA_DIRS = (
     Path(__file__).resolve().parent.parent / "schemas",  # a checkout or editable install

@@ -36,10 +36,10 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, ClassVar
 
+from broker.clock import parse_duration
 from broker.config import resolve_secret
 from broker.errors import ConfigError, EffectFailed, InvalidParams
 from broker.models import Preview
-from broker.policy import parse_duration
 from broker.typing import JSON, Params
 from effects.base import Context, Handler
 

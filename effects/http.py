@@ -34,9 +34,9 @@ from typing import Any, ClassVar
 import httpcore
 import httpx
 
+from broker.clock import parse_duration
 from broker.errors import ConfigError, EffectFailed, InvalidParams
 from broker.models import Preview
-from broker.policy import parse_duration
 from broker.typing import JSON, Params
 from effects.base import Context, Handler
 from effects.netguard import (

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.config import Limits
+from broker.events import Rescan
 from broker.testing import BrokerHarness, FakeHandler
 from effects.base import Context
 
@@ -121,7 +122,7 @@ def test_orphan_attachment_is_cleaned_up_after_grace(tmp_path: Path) -> None:
         old = os.stat(h.outbox / "lost.blob.bin").st_mtime - 60
         os.utime(h.outbox / "lost.blob.bin", (old, old))
         assert h.broker is not None
-        h.broker.events.put(("rescan",))
+        h.broker.events.put(Rescan())
         for _ in range(200):
             if not (h.outbox / "lost.blob.bin").exists():
                 break

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 
+from broker.context import Memo
 from broker.errors import ConfigError, DuplicateEffect, RegistryError, UnknownEffect
 from broker.registry import Registry, default_registry
-from broker.testing import FakeHandler
+from broker.testing import BrokerHarness, FakeHandler, make_context
 from broker.validation import load_schema
 from effects.files import FilesWrite
 
@@ -242,3 +245,111 @@ def test_check_config_accepts_good_files_root(exports: Path) -> None:
     registry = default_registry()
     registry.check_config({"files": {"root": str(exports)}})
     registry.check_config({})
+
+
+PLUGIN_WITH_SCHEMA = """
+from effects.base import Handler, Preview
+
+class Ping(Handler):
+    name = "demo.ping"
+    reversible = True
+    idempotent = True
+    undo = "nothing to undo: a ping changes nothing"
+
+    def preview(self, params, ctx):
+        return Preview(title="ping", target="demo")
+
+    def apply(self, params, ctx):
+        return {"pong": params["n"]}
+"""
+
+
+def test_plugin_schema_beside_its_module_is_found(
+    install_plugin: PluginMaker, tmp_path: Path
+) -> None:
+    """A third-party handler's schemas/<name>.json next to its module needs no override."""
+    site = tmp_path / install_plugin(PLUGIN_WITH_SCHEMA, "Ping").removesuffix("_dist")
+    schema = {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}
+    (site / "schemas").mkdir()
+    (site / "schemas" / "demo.ping.json").write_text(json.dumps(schema))
+    registry = default_registry()
+    assert registry.effect("demo.ping").schema == schema
+
+
+class _Minimal:
+    """Only the contract's required members: no check, no reversible_for, no inline."""
+
+    name = "demo.minimal"
+    reversible = True
+    idempotent = True
+    undo = "nothing to undo"
+    schema: ClassVar[dict[str, Any]] = {"type": "object"}
+
+    def preview(self, params: Any, ctx: Any) -> Any:
+        from broker.models import Preview
+
+        return Preview(title="minimal", target="demo")
+
+    def apply(self, params: Any, ctx: Any) -> dict[str, Any]:
+        return {"ok": True}
+
+
+def test_handler_with_only_required_members_gets_the_defaults() -> None:
+    """Optional members absent: the registry resolves the contract's defaults."""
+    registry = Registry()
+    registry.register(_Minimal(), "plugin-x")
+    effect = registry.effect("demo.minimal")
+    ctx = make_context()
+    assert effect.reversible_for({}, ctx) is True
+    assert effect.idempotent_for({}, ctx) is True
+    assert effect.inline is False
+    assert effect.assess_inline is True  # no reversible_for of its own: nothing to ask
+    assert effect.revertible is False
+    effect.check({}, ctx)
+    effect.check_config({"anything": 1})
+
+
+def test_own_reversible_for_is_assessed_off_the_loop_unless_declared_local() -> None:
+    """A handler with its own reversible_for may ask a service: off the loop by default."""
+    remote = FakeHandler("demo.remote")
+    remote.assess_inline = False
+    registry = Registry()
+    registry.register(remote, "plugin-x")
+    registry.register(FakeHandler("demo.local"), "plugin-x")
+    assert registry.effect("demo.remote").assess_inline is False
+    assert registry.effect("demo.local").assess_inline is True
+
+
+def test_minimal_handler_is_applied_by_a_real_broker(tmp_path: Path) -> None:
+    """A plugin with only the required members is served end to end."""
+    with BrokerHarness(tmp_path, handlers=[_Minimal()], builtins=False) as h:
+        result = h.submit(h.request("demo.minimal"))
+    assert result["status"] == "applied" and result["output"] == {"ok": True}
+
+
+def test_revert_without_revert_preview_is_refused() -> None:
+    """revert and revert_preview come together: undo always shows what it will do."""
+    handler = _Minimal()
+    handler.revert = lambda output, ctx: {}  # type: ignore[attr-defined]
+    with pytest.raises(RegistryError, match=r"plugin-x: demo\.minimal must have both"):
+        Registry().register(handler, "plugin-x")
+
+
+def test_make_context_resolves_secrets_beside_the_config(tmp_path: Path) -> None:
+    """make_context builds a real Context: a relative *_file secret is read beside broker.toml,
+    and what a preview remembers reaches apply through a shared memo."""
+    (tmp_path / "token.txt").write_text("s3cret\n")
+    memo = Memo()
+    ctx = make_context(
+        {"token_file": "token.txt", "remotes": {"origin": {"token_file": "token.txt"}}},
+        integration="demo",
+        config_dir=tmp_path,
+        memo=memo,
+    )
+    assert ctx.secret("token") == "s3cret"
+    assert ctx.secret("remotes.origin.token") == "s3cret"
+    assert ctx.secret("missing") is None
+    ctx.remember({"etag": "abc"})
+    later = make_context(integration="demo", memo=memo)
+    assert later.recall() == {"etag": "abc"}
+    assert make_context(integration="demo").recall() is None

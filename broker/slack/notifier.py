@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 
+from broker.clock import parse_iso
 from broker.errors import BrokerError
-from broker.models import parse_iso
 from broker.slack import messages
 from broker.slack.api import Busy, SlackApi
 from broker.slack.settings import SlackSettings

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from broker.clock import parse_duration
 from broker.config import Config, resolve_secret
 from broker.errors import ConfigError
-from broker.policy import parse_duration
 
 API_URL = "https://slack.com/api"
 HOOKS_URL = "https://hooks.slack.com/"

@@ -12,10 +12,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 
+from broker.clock import parse_duration
 from broker.errors import BrokerError, RequestNotFound
 from broker.ledger import Record
 from broker.models import now
-from broker.policy import parse_duration
 from broker.web.auth import Gate, Identity, same_secret
 from broker.web.cards import Narrowing
 from broker.web.inbox import Filters, Inbox, Pick, Picked, Refused, State

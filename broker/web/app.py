@@ -29,10 +29,10 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from broker import __version__
+from broker.clock import parse_duration
 from broker.config import Config
 from broker.errors import ConfigError
 from broker.ledger import Ledger
-from broker.policy import parse_duration
 from broker.registry import Registry
 from broker.slack.settings import slack_settings
 from broker.web import api, pages, slack, waiting

@@ -14,10 +14,10 @@ from datetime import datetime
 from typing import Any, Literal, get_args
 
 from broker import approval
+from broker.clock import now, parse_iso
 from broker.config import Config
 from broker.errors import DecisionError, RequestNotFound
 from broker.ledger import Ledger, Record
-from broker.models import now, parse_iso
 from broker.policy import batch_allowed
 from broker.registry import Registry
 from broker.stats import summarize

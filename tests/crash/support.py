@@ -138,6 +138,7 @@ class Site:
     attach: bool = True
     sandbox: str = "default"
     pythonpath: str = ""
+    claim: Path | None = None  # attach mode: a claim dir of its own (--claim)
 
     def __post_init__(self) -> None:
         self.outbox = self.root / "outbox"
@@ -164,6 +165,8 @@ class Site:
         if self.attach:
             args += ["--outbox", str(self.outbox), "--results", str(self.results)]
             args += ["--sandbox", self.sandbox]
+            if self.claim is not None:
+                args += ["--claim", str(self.claim)]
         return args
 
     def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

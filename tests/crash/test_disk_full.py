@@ -75,6 +75,7 @@ def test_full_state_disk_stops_the_broker_loudly_and_it_recovers(
     state = small_disk / "state"
     site.config.write_text(site.config.read_text().replace(str(site.state), str(state)))
     site.state = state
+    site.claim = site.root / "claimed"  # claims stay on the outbox's file system
 
     broker = site.start()
     try:

@@ -22,7 +22,7 @@ from aiosmtpd.smtp import AuthResult, Envelope, LoginPassword, Session
 from jsonschema import Draft202012Validator
 from pytest_httpserver import HTTPServer
 
-from broker.config import resolve_secret
+from broker.testing import make_context
 from broker.typing import JSON, Params
 from effects.base import Context
 
@@ -171,20 +171,14 @@ def fixture_make_ctx(tmp_path: Path) -> MakeContext:
         sandbox: str = "sandbox-1",
         sha256: str = "ab" * 32,
     ) -> Context:
-        def secret(key: str) -> str | None:
-            return resolve_secret(settings, key, f"integrations.{section}")
-
-        def attachment(name: str) -> Path:
-            raise AssertionError("network effects take no attachments")
-
-        return Context(
+        return make_context(
+            settings,
+            integration=section,
             sandbox=sandbox,
             request_id=request_id,
             request_sha256=sha256,
-            settings=settings,
             state_dir=tmp_path,
-            secret=secret,
-            attachment=attachment,
+            attachments={},  # network effects take no attachments
         )
 
     return make

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from broker.errors import EffectFailed, InvalidParams
-from broker.testing import BrokerHarness
+from broker.testing import BrokerHarness, make_context
 from effects.base import Context
 from effects.git import GitPush
 
@@ -63,14 +63,14 @@ class World:
         return done.stdout.strip() or None
 
     def ctx(self, bundle: Path, sha: str = "a" * 64) -> Context:
-        return Context(
+        return make_context(
+            self.settings,
+            integration="git",
             sandbox="sb",
             request_id="r1",
             request_sha256=sha,
-            settings=self.settings,
             state_dir=self.state,
-            secret=lambda key: None,
-            attachment=lambda name: bundle,
+            attachments={"fix": bundle},
         )
 
 

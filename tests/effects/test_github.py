@@ -32,10 +32,9 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from github import GithubException
 
 from broker.approval import card, decide, nudge
-from broker.config import resolve_secret
 from broker.errors import ConfigError, EffectFailed, InvalidParams
 from broker.ledger import Ledger
-from broker.testing import BrokerHarness
+from broker.testing import BrokerHarness, make_context
 from effects import github as gh
 from effects.base import Context
 from effects.github import (
@@ -79,14 +78,13 @@ class Hub:
     def ctx(self, request_id: str = "r1", **settings: Any) -> Context:
         """A handler's context; settings given here override the hub's (None: removed)."""
         table = {k: v for k, v in {**self.settings, **settings}.items() if v is not None}
-        return Context(
+        return make_context(
+            table,
+            integration="github",
             sandbox="sb",
             request_id=request_id,
             request_sha256=hashlib.sha256(request_id.encode()).hexdigest(),
-            settings=table,
             state_dir=self.state,
-            secret=lambda key: resolve_secret(table, key, "integrations.github"),
-            attachment=lambda name: self.state / name,
         )
 
     def sha(self, branch: str) -> str | None:
@@ -890,14 +888,14 @@ def prism(prism_launch: Prism | None) -> Iterator[RecordingProxy]:
 
 def prism_ctx(proxy: RecordingProxy, tmp_path: Path, **settings: Any) -> Context:
     table = {"token_env": TOKEN_ENV, "base_url": proxy.url, **settings}
-    return Context(
+    return make_context(
+        table,
+        integration="github",
         sandbox="sb",
         request_id="prism",
         request_sha256="c" * 64,
-        settings=table,
         state_dir=tmp_path,
-        secret=lambda key: TOKEN if key == "token" else None,
-        attachment=lambda name: tmp_path / name,
+        secrets={"token": TOKEN},
     )
 
 

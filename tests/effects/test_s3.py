@@ -23,10 +23,9 @@ from botocore.exceptions import (
 )
 
 from broker.approval import decide, nudge
-from broker.config import resolve_secret
 from broker.errors import ConfigError, EffectFailed, InvalidParams, Rejected
 from broker.ledger import Ledger
-from broker.testing import BrokerHarness
+from broker.testing import BrokerHarness, make_context
 from broker.validation import Validator
 from effects import s3
 from effects.base import Context
@@ -47,19 +46,14 @@ def ctx_for(
 ) -> Context:
     """A Context as the pipeline builds one, with secrets resolved from the environment."""
 
-    def attachment(name: str) -> Path:
-        if name not in (attachments or {}):
-            raise EffectFailed(f"failed: no attachment named {name!r} came with the request")
-        return (attachments or {})[name]
-
-    return Context(
+    return make_context(
+        settings,
+        integration="s3",
         sandbox="box",
         request_id=request_id,
         request_sha256=hashlib.sha256(request_id.encode()).hexdigest(),
-        settings=settings,
         state_dir=tmp_path / "state",
-        secret=lambda key: resolve_secret(settings, key, "integrations.s3"),
-        attachment=attachment,
+        attachments=attachments or {},
     )
 
 

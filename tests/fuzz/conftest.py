@@ -20,9 +20,11 @@ from typing import Any
 
 import pytest
 
-from broker import approval, pipeline
+from broker import approval
+from broker import clock as broker_clock
 from broker.audit import AuditLog, flush
 from broker.config import Config, Limits
+from broker.events import Rescan
 from broker.ledger import Ledger
 from broker.models import now as real_now
 from broker.outbox import attach
@@ -126,7 +128,7 @@ class Driver:
     def settle(self) -> None:
         """Step until every file is answered and every apply has come back."""
         assert self.broker is not None
-        self.broker.events.put(("rescan",))  # reload decisions taken on other connections
+        self.broker.events.put(Rescan())  # reload decisions taken on other connections
         self.broker.drain(timeout=20)
 
     def decide(self, request_id: str, verdict: str) -> None:
@@ -152,11 +154,10 @@ class Driver:
 
 @pytest.fixture
 def patched_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[Clock]:
-    """Route the pipeline's and approvals' `now` through a clock the test moves."""
+    """Route the broker's `now` (the pipeline's deadlines, approvals) through a clock
+    the test moves."""
     clock = Clock()
-    monkeypatch.setattr(pipeline, "now", clock)
-    if hasattr(approval, "now"):
-        monkeypatch.setattr(approval, "now", clock)
+    monkeypatch.setattr(broker_clock, "now", clock)
     yield clock
 
 

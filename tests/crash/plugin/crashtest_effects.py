@@ -9,11 +9,15 @@ deliveries of one request. `crashtest.post` is idempotent: it also sends that id
 `Idempotency-Key`, and the receiver applies a key once. `crashtest.send` is not: every
 POST the receiver gets is one more effect in the world (an email sent twice).
 `crashtest.noop` touches nothing (floods measure the broker, not the receiver).
+`crashtest.slow` is a reversible effect whose service answers slowly: with `gate` =
+"assess" its reversibility check, and its preview always, block until the test
+creates `<state_dir>/release` (a hung service, until released).
 """
 
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -100,4 +104,26 @@ class Noop(_Base):
         return {"value": params.get("value")}
 
 
-HANDLERS = [Post, Send, Noop]
+class Slow(Noop):
+    """A reversible effect whose service is slow to say what it would do."""
+
+    name = "crashtest.slow"
+
+    @staticmethod
+    def _wait(ctx: Any) -> None:
+        release = ctx.state_dir / "release"
+        end = time.monotonic() + 120
+        while not release.exists() and time.monotonic() < end:
+            time.sleep(0.01)
+
+    def reversible_for(self, params: Mapping[str, Any], ctx: Any) -> bool:
+        if params.get("gate") == "assess":
+            self._wait(ctx)
+        return True
+
+    def preview(self, params: Mapping[str, Any], ctx: Any) -> Preview:
+        self._wait(ctx)
+        return super().preview(params, ctx)
+
+
+HANDLERS = [Post, Send, Noop, Slow]

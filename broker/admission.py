@@ -1,0 +1,297 @@
+"""From a read request to its first committed state: schema, the handler's checks,
+replays, the policy's verdict, then applying, waiting for people, or an answer.
+
+Runs inside the wake-up's transaction. A stage ends a request by raising an Outcome
+(Rejected, Denied…): that is its answer, recorded by `broker.lifecycle`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any
+
+from broker import clock
+from broker.batch import Batch
+from broker.config import Config
+from broker.context import Memo, context_for
+from broker.errors import Denied, EffectFailed, Issue, Outcome, Rejected
+from broker.events import Assessed
+from broker.intake import Read
+from broker.ledger import Ledger
+from broker.lifecycle import Lifecycle
+from broker.models import Record, Request, sha256_hex
+from broker.names import REQUEST_ID
+from broker.policy import Policy
+from broker.registry import Effect, Registry
+from broker.typing import Params
+from broker.validation import Validator
+from effects.base import Context
+
+log = logging.getLogger("broker")
+
+
+class PolicyDenied(Denied):
+    """The policy (or a limit it enforces) said no; `rule` names which."""
+
+    def __init__(self, reason: str, rule: str) -> None:
+        super().__init__(reason)
+        self.rule = rule
+
+
+class Admission:
+    """Decides what becomes of each request read from an outbox."""
+
+    def __init__(
+        self,
+        config: Config,
+        registry: Registry,
+        policy: Policy,
+        validator: Validator,
+        lifecycle: Lifecycle,
+    ) -> None:
+        self.config = config
+        self.registry = registry
+        self.policy = policy
+        self.validator = validator
+        self.lifecycle = lifecycle
+        self.ledger: Ledger = lifecycle.ledger
+        self.held: Counter[str] = Counter()  # per sandbox: held for a preview
+        self._counted: set[tuple[str, str]] = set()
+
+    def admit(self, read: Read, batch: Batch) -> None:
+        """Record `read` and route it; its claimed files go once this commits."""
+        box = read.box
+        batch.remove.extend((box, name) for name in read.claimed)
+        received = clock.iso(clock.now())
+        assert received is not None
+        if read.rejected is not None:
+            if read.hostile:
+                batch.urgent.add(read.where)  # a hostile file (a hard link…) goes at once
+            self._invalid(read, read.rejected, received, batch)
+            return
+        request = read.request
+        assert request is not None
+        existing = self.ledger.get(box.sandbox, request.id)
+        if existing is not None:
+            self._duplicate(existing, read.stem, request.sha256)
+            return
+        record = Record(
+            sandbox=box.sandbox,
+            id=request.id,
+            name=read.stem,
+            state="received",
+            received_at=received,
+            effect=request.effect,
+            payload=request.payload.decode("utf-8"),
+            sha256=request.sha256,
+            idempotency_key=request.idempotency_key,
+        )
+        self.lifecycle.receive(record)
+        try:
+            self._route(record, request, batch)
+        except Outcome as exc:
+            batch.answer.append(self.lifecycle.reject(record, exc, getattr(exc, "rule", None)))
+
+    def _route(self, record: Record, request: Request, batch: Batch) -> None:
+        self.validator.params(request.effect, request.params)
+        effect = self.registry.effect(request.effect)
+        memo = Memo()
+        ctx = context_for(self.config, record, memo)
+        effect.check(request.params, ctx)
+        if self._replay(record, request, batch):
+            return
+        if not effect.assess_inline:  # it may ask a service: never under the write lock
+            self.hold(self.lifecycle.hold(record), batch)
+            return
+        reversible = effect.reversible_for(request.params, ctx)
+        self.classify(record.evolve(reversible=reversible, seen=memo.recall()), batch)
+
+    def classify(self, record: Record, batch: Batch, preview: dict[str, Any] | None = None) -> None:
+        """Apply, park or deny a request whose reversibility is known; a request people
+        must decide is held until its preview, made off the loop, comes back."""
+        params = record.envelope["params"]
+        effect = self.registry.effect(record.effect or "")
+        verdict = self.policy.classify(effect.name, params, bool(record.reversible))
+        if verdict.action == "deny":
+            raise PolicyDenied(f"denied by policy ({verdict.rule}): {verdict.reason}", verdict.rule)
+        if verdict.action == "auto":
+            record = self.lifecycle.auto(record, verdict)
+            if effect.inline and _safe_to_repeat(effect, record, self.config):
+                batch.inline.append(record)
+            else:
+                batch.apply.append(record)
+            return
+        self._check_cap(record)
+        if preview is None:
+            self.hold(record if record.seq is not None else self.lifecycle.hold(record), batch)
+            return
+        record = self.lifecycle.park(record, verdict, preview)
+        batch.answer.append(record)
+        batch.deadlines.append(record)
+
+    def _check_cap(self, record: Record) -> None:
+        cap = self.config.limits.max_pending_per_sandbox
+        waiting = self.ledger.count_waiting(record.sandbox) + self.held[record.sandbox]
+        if waiting >= cap:
+            raise PolicyDenied(
+                f"denied: {cap} requests from this sandbox already wait for a person; "
+                "wait for their results before sending more",
+                "pending_cap",
+            )
+
+    def hold(self, record: Record, batch: Batch) -> None:
+        """Queue work off the loop for a held request. One held for its preview is known
+        to wait for people, so it counts against the sandbox's pending cap already."""
+        if record.reversible is not None and record.key not in self._counted:
+            self._counted.add(record.key)
+            self.held[record.sandbox] += 1
+        batch.assess.append(record)
+
+    def resume(self, record: Record, done: Assessed, batch: Batch) -> None:
+        """The work off the loop came back for a held request: carry on from there."""
+        if record.key in self._counted:
+            self._counted.discard(record.key)
+            self.held[record.sandbox] -= 1
+        try:
+            if done.refused is not None:
+                status, reason, issues = done.refused
+                raise _Refused(status, reason, issues)
+            preview = done.preview
+            if done.broken is not None:
+                preview = _no_preview(record.effect or "", done.broken)
+            reversible = record.reversible
+            if reversible is None:
+                reversible = bool(done.reversible) and done.broken is None  # fail closed
+            record = record.evolve(reversible=reversible, seen=done.seen or record.seen)
+            self.classify(record, batch, preview)
+        except Outcome as exc:
+            record = self.lifecycle.reject(record, exc, getattr(exc, "rule", None))
+            batch.answer.append(record)
+            batch.answer.extend(self.lifecycle.settle_replays(record))
+
+    def _replay(self, record: Record, request: Request, batch: Batch) -> bool:
+        key = request.idempotency_key
+        if key is None:
+            return False
+        first = self.ledger.by_idempotency_key(request.sandbox, key)
+        if first is None:
+            return False
+        same = first.effect == request.effect and first.envelope.get("params") == request.params
+        if not same:
+            raise Rejected(
+                f"invalid: idempotency_key {key!r} was used by request {first.id} for a "
+                "different effect or params; use a new key for a new request",
+                [
+                    Issue(
+                        "/idempotency_key",
+                        "idempotency_conflict",
+                        "the key was used for another payload",
+                    )
+                ],
+            )
+        replay = self.lifecycle.replay(record, first)
+        if replay.terminal:
+            batch.answer.append(replay)
+        return True
+
+    # -- what is not a new request ------------------------------------------------------
+
+    def _invalid(self, read: Read, exc: Rejected, received: str, batch: Batch) -> None:
+        doc, raw = read.doc, read.raw
+        rid = doc.get("id") if isinstance(doc, dict) else None
+        if not isinstance(rid, str) or not REQUEST_ID.fullmatch(rid):
+            rid = read.stem
+        sha = sha256_hex(raw) if raw else None
+        existing = self.ledger.get(read.box.sandbox, rid)
+        if existing is not None:
+            if existing.sha256 != sha:  # else: the same bytes again, read after a restart
+                self._duplicate(existing, read.stem, sha256_hex(raw))
+            return
+        effect = doc.get("effect") if isinstance(doc, dict) else None
+        record = Record(
+            sandbox=read.box.sandbox,
+            id=rid,
+            name=read.stem,
+            state="received",
+            received_at=received,
+            effect=effect if isinstance(effect, str) else None,
+            sha256=sha,
+        )
+        self.lifecycle.receive(record)
+        batch.answer.append(self.lifecycle.reject(record, exc))
+
+    def _duplicate(self, existing: Record, stem: str, sha: str | None) -> None:
+        if existing.sha256 == sha:
+            return  # the same bytes again (a retry, or a file read before a crash)
+        log.warning(
+            "sandbox %s: %s reused request id %r with other content; the first "
+            "request's result stands",
+            existing.sandbox,
+            stem,
+            existing.id,
+        )
+        self.lifecycle.audit("duplicate_id", existing, sha256=sha, name=stem)
+
+
+def assess(effect: Effect, record: Record, policy: Policy, config: Config) -> Assessed:
+    """Off the loop: a held request's reversibility (if unknown) and, when people must
+    decide, its preview. Never raises: what went wrong travels in the event."""
+    memo = Memo(record.seen)
+    ctx = context_for(config, record, memo)
+    params = record.envelope["params"]
+    reversible = record.reversible
+    try:
+        if reversible is None:
+            reversible = effect.reversible_for(params, ctx)
+        verdict = policy.classify(effect.name, params, bool(reversible))
+        preview = preview_of(effect, params, ctx, record) if verdict.action == "approve" else None
+    except EffectFailed as exc:
+        issues = [i.to_json() for i in getattr(exc, "issues", ())]
+        return Assessed(record.key, record.sha256 or "", refused=(exc.status, exc.reason, issues))  # type: ignore[arg-type]
+    except Exception:
+        log.exception("assessing %s/%s failed", record.sandbox, record.id)
+        return Assessed(
+            record.key,
+            record.sha256 or "",
+            broken="the handler failed while assessing this request; see the broker's log",
+        )
+    return Assessed(record.key, record.sha256 or "", reversible, preview, memo.recall())
+
+
+def preview_of(effect: Effect, params: Params, ctx: Context, record: Record) -> dict[str, Any]:
+    """The handler's preview, or a card saying why there is none (never a reason to apply)."""
+    try:
+        return effect.preview(params, ctx).to_json()
+    except EffectFailed as exc:
+        return _no_preview(effect.name, exc.reason)
+    except Exception:
+        log.exception("preview of %s/%s failed", record.sandbox, record.id)
+        return _no_preview(
+            effect.name, "the handler failed while computing its preview; see the broker's log"
+        )
+
+
+def _no_preview(effect: str, why: str) -> dict[str, Any]:
+    return {
+        "title": "the preview could not be computed",
+        "target": effect,
+        "body": why,
+        "body_kind": "text",
+        "facts": [],
+    }
+
+
+class _Refused(Outcome):
+    """The handler's own answer from work off the loop, replayed as an Outcome."""
+
+    def __init__(self, status: str, reason: str, issues: list[dict[str, str]]) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.issues = tuple(Issue(i["path"], i["code"], i["message"]) for i in issues)
+
+
+def _safe_to_repeat(effect: Effect, record: Record, config: Config) -> bool:
+    from broker.apply import idempotent
+
+    return idempotent(effect, record, config)

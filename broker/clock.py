@@ -1,0 +1,55 @@
+"""Time as the broker shows and stores it, and durations as people write them."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+MAX_DURATION_S = 366 * 86400.0  # a deadline must be a date people can still act on
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def iso(moment: datetime | None) -> str | None:
+    """RFC 3339 with milliseconds and a Z, as results and the audit log show time."""
+    if moment is None:
+        return None
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + (
+        f"{moment.microsecond // 1000:03d}Z"
+    )
+
+
+def parse_iso(text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def parse_duration(value: Any) -> float:
+    """'90s', '4h', '1h30m', '2d' or a number of seconds → seconds (at most a year)."""
+    total = _duration(value)
+    if not total <= MAX_DURATION_S:  # also refuses NaN
+        raise ValueError(f"{value!r} is longer than a year; use a shorter duration")
+    return total
+
+
+def _duration(value: Any) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"expected a duration like '30s', '4h' or '1h30m', got {value!r}")
+    text = value.strip().replace(" ", "")
+    pos, total = 0, 0.0
+    for match in _DURATION.finditer(text):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _UNITS[match.group(2)]
+        pos = match.end()
+    if pos != len(text) or total <= 0:
+        raise ValueError(f"expected a duration like '30s', '4h' or '1h30m', got {value!r}")
+    return total

@@ -1,0 +1,67 @@
+"""The Context a handler gets for one recorded request, built in one place.
+
+Secrets resolve through the config (beside broker.toml), attachments from the
+content-addressed store, and what a handler remembers (`ctx.remember`) is held in a
+`Memo` that the broker stores with the request and drops when the request ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from broker import attachments
+from broker.config import Config
+from broker.errors import EffectFailed
+from effects.base import Context
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from broker.ledger import Record
+
+
+class Memo:
+    """What a handler remembered about one request: what the broker stored, and what
+    this call remembered anew (the broker stores that with the request's next state)."""
+
+    def __init__(self, stored: Mapping[str, Any] | None = None) -> None:
+        self.stored = dict(stored) if stored is not None else None
+        self.new: dict[str, Any] | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.new is not None
+
+    def remember(self, data: Mapping[str, Any]) -> None:
+        self.new = dict(data)
+
+    def recall(self) -> dict[str, Any] | None:
+        return self.new if self.new is not None else self.stored
+
+
+def context_for(config: Config, record: Record, memo: Memo | None = None) -> Context:
+    """What a handler gets besides params, for one recorded request."""
+    integration = (record.effect or "").split(".", 1)[0]
+    memo = memo if memo is not None else Memo(record.seen)
+
+    def secret(key: str) -> str | None:
+        return config.secret(integration, key)
+
+    def attachment(name: str) -> Path:
+        digest = (record.envelope.get("attachments") or {}).get(name)
+        if not digest:
+            raise EffectFailed(f"failed: no attachment named {name!r} came with the request")
+        return attachments.path(config.state_dir, str(digest))
+
+    return Context(
+        sandbox=record.sandbox,
+        request_id=record.id,
+        request_sha256=record.sha256 or "",
+        settings=config.integration(integration),
+        state_dir=config.state_dir,
+        secret=secret,
+        attachment=attachment,
+        remember=memo.remember,
+        recall=memo.recall,
+    )
