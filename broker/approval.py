@@ -23,6 +23,7 @@ from broker.config import Config
 from broker.errors import BrokerError, DecisionError
 from broker.ledger import Decision, Ledger, Record
 from broker.lifecycle import Lifecycle
+from broker.policy import batch_allowed, slack_buttons
 from broker.registry import Registry
 
 VERDICTS = ("approve", "deny")
@@ -208,6 +209,8 @@ def card(ledger: Ledger, record: Record, registry: Registry | None = None) -> di
         "idempotent": handler.idempotent if handler else None,
         "undo": handler.undo if handler else None,
         "approvals": {"have": approvers(ledger, record), "needed": needed(record)},
+        "batch": batch_allowed(verdict),
+        "slack_buttons": slack_buttons(verdict, record.reversible),
         "decided_by": record.decided_by,
         "reason": record.reason,
         "decisions": [

@@ -144,7 +144,7 @@ def serve(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Watch outboxes and answer every request until stopped (Ctrl-C)."""
-    from broker.notify import Notifier, webhooks_from
+    from broker.notify import attach as notify
     from broker.outbox import attach
     from broker.pipeline import Broker
 
@@ -161,9 +161,7 @@ def serve(
             broker.add(attach(sandbox, outbox, results, cfg.state_dir, claim))
         if root is not None or outbox is None:
             broker.serve_root((root or cfg.state_dir) / "sandboxes")
-        hooks = webhooks_from(cfg.notify, cfg.base_dir)
-        if hooks:
-            broker.notify_with(Notifier(hooks, inbox_url=cfg.notify.get("inbox_url")))
+        notify(broker, cfg)  # webhooks and Slack, as [notify] says
         return broker
 
     from broker.web.server import start_web

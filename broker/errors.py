@@ -14,6 +14,7 @@
     ├── SandboxError           the Docker engine or a container misbehaved
     ├── StateBusy              another process serves this state dir
     ├── DecisionError          a decision cannot be recorded (stale sha256, not pending…)
+    ├── NotifyError            a notification service (Slack) refused or did not answer
     └── Outcome                stop here: this is the request's answer (control flow)
         ├── Rejected           the request breaks the protocol or its schema → invalid
         ├── Denied             the policy or a person said no → denied
@@ -81,6 +82,10 @@ class SandboxError(BrokerError):
 
 class StateBusy(BrokerError):
     """Another process serves this state dir (it holds the state lock)."""
+
+
+class NotifyError(BrokerError):
+    """A notification service (Slack's Web API) refused a call or did not answer."""
 
 
 class DecisionError(BrokerError):

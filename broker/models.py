@@ -192,9 +192,12 @@ class Verdict:
     approvals: int = 1
     timeout_s: float = 3600.0
     on_timeout: str = "deny"
+    batch: bool = True  # may a person decide it within a selection (policy `batch`)
+    slack_buttons: bool = False  # Approve/Deny buttons in Slack (policy `slack_buttons`)
+    slack_buttons_irreversible: bool = False  # ...on irreversible requests too
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "action": self.action,
             "rule": self.rule,
             "reason": self.reason,
@@ -202,6 +205,13 @@ class Verdict:
             "timeout_s": self.timeout_s,
             "on_timeout": self.on_timeout,
         }
+        if not self.batch:  # the decision-surface terms, written only when not the default
+            data["batch"] = False
+        if self.slack_buttons:
+            data["slack_buttons"] = True
+        if self.slack_buttons_irreversible:
+            data["slack_buttons_irreversible"] = True
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Verdict:
@@ -212,6 +222,9 @@ class Verdict:
             approvals=int(data.get("approvals", 1)),
             timeout_s=float(data.get("timeout_s", 3600.0)),
             on_timeout=data.get("on_timeout", "deny"),
+            batch=data.get("batch", True) is not False,
+            slack_buttons=data.get("slack_buttons") is True,
+            slack_buttons_irreversible=data.get("slack_buttons_irreversible") is True,
         )
 
 

@@ -1,4 +1,5 @@
-"""Telling people that a request waits: webhooks, generic JSON or Slack-compatible.
+"""Telling people that a request waits: webhooks (generic JSON or Slack-compatible
+text), and Slack's interactive messages (broker.slack) with Approve/Deny buttons.
 
 Configured in broker.toml:
 
@@ -7,9 +8,14 @@ Configured in broker.toml:
     [[notify.webhooks]]
     url_env = "SLACK_WEBHOOK_URL"           # or url_file, or url for a local hook
     format = "slack"                        # or "json"
+    [notify.slack]                          # see broker/slack/settings.py
+    bot_token_env = "SLACK_BOT_TOKEN"
+    signing_secret_env = "SLACK_SIGNING_SECRET"
+    channel = "C0123456789"
 
 Delivery runs on its own thread, retried with backoff; a failure is logged and
 counted, and never blocks or loses the request (people can always run `broker pending`).
+`attach(broker, config)` wires what [notify] asks for onto a serving broker.
 """
 
 from __future__ import annotations
@@ -21,13 +27,18 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from broker.config import resolve_secret
+from broker.config import Config, resolve_secret
 from broker.errors import ConfigError
 from broker.render import neutralize
+
+if TYPE_CHECKING:
+    from broker.ledger import Record
+    from broker.pipeline import Broker
+    from broker.slack.notifier import SlackNotifier
 
 log = logging.getLogger("broker.notify")
 FORMATS = ("json", "slack")
@@ -43,7 +54,7 @@ def webhooks_from(settings: Mapping[str, Any], base_dir: Path | None = None) -> 
     """Read [[notify.webhooks]]; a fault names the entry and key. A relative `url_file`
     is read beside broker.toml (`base_dir`), as every secret."""
     hooks = []
-    unknown = set(settings) - {"webhooks", "inbox_url", "retries"}
+    unknown = set(settings) - {"webhooks", "inbox_url", "retries", "slack"}
     if unknown:
         raise ConfigError(f"notify.{sorted(unknown)[0]}: unknown key")
     for i, entry in enumerate(settings.get("webhooks", [])):
@@ -124,8 +135,10 @@ class Notifier:
         retries: int = 5,
         backoff: float = 0.5,
         transport: httpx.BaseTransport | None = None,
+        slack: SlackNotifier | None = None,
     ) -> None:
         self.hooks = hooks
+        self.slack = slack
         self.inbox_url = inbox_url
         self.retries = retries
         self.backoff = backoff
@@ -145,11 +158,20 @@ class Notifier:
         self._seen.add(key)
         for hook in self.hooks:
             self._queue.put((hook, payload(card, hook, self.inbox_url)))
+        if self.slack is not None:
+            self.slack.pending(_shown(card, None))
+
+    def settled(self, card: Mapping[str, Any], output: Any = None) -> None:
+        """A request with a message in Slack reached its outcome: update the message."""
+        if self.slack is not None:
+            self.slack.settled(_shown(card, output))
 
     def close(self, timeout: float = 5.0) -> None:
         self._queue.put(None)
         self._thread.join(timeout)
         self._client.close()
+        if self.slack is not None:
+            self.slack.close(timeout)
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
@@ -178,3 +200,43 @@ class Notifier:
                 return
             time.sleep(delay)
             delay = min(delay * 2, 30.0)
+
+
+def _shown(card: Mapping[str, Any], output: Any) -> dict[str, Any]:
+    """The card with the inbox's summary, markers and warning (broker.web.cards)."""
+    from broker.web.cards import extend
+
+    return extend(dict(card), output)
+
+
+def notifier_from(config: Config) -> Notifier | None:
+    """What [notify] asks for (webhooks, Slack), checked; None when it asks for nothing."""
+    from broker.slack.settings import slack_settings
+
+    hooks = webhooks_from(config.notify, config.base_dir)
+    slack = slack_settings(config)
+    if not hooks and slack is None:
+        return None
+    if slack is None:
+        return Notifier(hooks, inbox_url=config.notify.get("inbox_url"))
+    from broker.slack.notifier import SlackNotifier
+
+    return Notifier(hooks, inbox_url=config.notify.get("inbox_url"), slack=SlackNotifier(slack))
+
+
+def attach(broker: Broker, config: Config, notifier: Notifier | None = None) -> Notifier | None:
+    """Tell people through `notifier` (else what [notify] configures) when a request starts
+    waiting, and update Slack's message when it reaches its outcome."""
+    notifier = notifier or notifier_from(config)
+    if notifier is None:
+        return None
+    broker.notify_with(notifier)
+    if notifier.slack is not None:
+        from broker.approval import card
+
+        def on_settled(record: Record) -> None:
+            if record.terminal:
+                notifier.settled(card(broker.ledger, record, broker.registry), record.output)
+
+        broker.on_change.append(on_settled)
+    return notifier

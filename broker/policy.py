@@ -17,10 +17,22 @@ from broker.clock import parse_duration
 from broker.errors import PolicyError
 from broker.models import Verdict
 
-__all__ = ["ACTIONS", "Policy", "Rule", "load_policy", "parse_duration", "parse_policy"]
+__all__ = [
+    "ACTIONS",
+    "Policy",
+    "Rule",
+    "batch_allowed",
+    "load_policy",
+    "parse_duration",
+    "parse_policy",
+    "slack_buttons",
+]
 
 ACTIONS = ("auto", "approve", "deny")
+# how people may decide what an approve rule holds: within a selection, from Slack
+SURFACE_KEYS = ("batch", "slack_buttons", "slack_buttons_irreversible")
 RULE_KEYS = {"effect", "when", "action", "reason", "approvals", "timeout", "on_timeout"}
+RULE_KEYS |= set(SURFACE_KEYS)
 DEFAULT_TIMEOUT_S = 3600.0
 
 # effect name -> does its handler declare it reversible? (the registered effects)
@@ -56,6 +68,9 @@ class Rule:
     approvals: int = 1
     timeout_s: float = DEFAULT_TIMEOUT_S
     on_timeout: str = "deny"
+    batch: bool = True
+    slack_buttons: bool = False
+    slack_buttons_irreversible: bool = False
 
     @property
     def label(self) -> str:
@@ -91,6 +106,9 @@ class Rule:
             approvals=self.approvals,
             timeout_s=self.timeout_s,
             on_timeout=self.on_timeout,
+            batch=self.batch,
+            slack_buttons=self.slack_buttons,
+            slack_buttons_irreversible=self.slack_buttons_irreversible,
         )
 
 
@@ -184,7 +202,7 @@ def _rule(i: int, raw: Any, reversible: Reversibility, source: str) -> Rule:
         ):
             raise PolicyError(f"{where}.when.{key}: must be a value, a glob or a list of them")
     if action != "approve":
-        for key in ("approvals", "timeout", "on_timeout"):
+        for key in ("approvals", "timeout", "on_timeout", *SURFACE_KEYS):
             if key in raw:
                 raise PolicyError(f"{where}.{key}: only an 'approve' rule takes {key}")
         return Rule(i, effect, action, reason, when)
@@ -200,7 +218,48 @@ def _rule(i: int, raw: Any, reversible: Reversibility, source: str) -> Rule:
         raise PolicyError(f"{where}.on_timeout: must be 'deny' or 'approve'; got {on_timeout!r}")
     if on_timeout == "approve":
         _refuse_irreversible_auto_approve(where, effect, reversible)
-    return Rule(i, effect, action, reason, when, approvals, timeout_s, on_timeout)
+    surfaces = _surfaces(where, raw, effect, reversible)
+    return Rule(i, effect, action, reason, when, approvals, timeout_s, on_timeout, *surfaces)
+
+
+def _surfaces(
+    where: str, raw: Mapping[str, Any], glob: str, reversible: Reversibility
+) -> tuple[bool, bool, bool]:
+    """batch, slack_buttons, slack_buttons_irreversible: true or false, and consistent."""
+    defaults = {"batch": True, "slack_buttons": False, "slack_buttons_irreversible": False}
+    values = {key: raw.get(key, default) for key, default in defaults.items()}
+    for key, value in values.items():
+        if not isinstance(value, bool):
+            raise PolicyError(f"{where}.{key}: must be true or false; got {value!r}")
+    if values["slack_buttons_irreversible"] and not values["slack_buttons"]:
+        raise PolicyError(f"{where}.slack_buttons_irreversible: goes with slack_buttons = true")
+    literal = not any(c in glob for c in "*?[")
+    if (
+        values["slack_buttons"]
+        and not values["slack_buttons_irreversible"]
+        and literal
+        and reversible.get(glob) is False
+    ):
+        raise PolicyError(
+            f"{where}.slack_buttons: {glob} is irreversible, and Slack buttons are never "
+            "shown on irreversible requests unless the rule says so: add "
+            "slack_buttons_irreversible = true if a click in Slack should approve it"
+        )
+    return values["batch"], values["slack_buttons"], values["slack_buttons_irreversible"]
+
+
+def slack_buttons(verdict: Mapping[str, Any] | None, reversible: bool | None) -> bool:
+    """Whether a recorded verdict lets Slack carry Approve/Deny buttons for this request:
+    only when its rule says so, and on an irreversible request only when it says that too."""
+    terms = verdict or {}
+    if terms.get("action") != "approve" or terms.get("slack_buttons") is not True:
+        return False
+    return reversible is True or terms.get("slack_buttons_irreversible") is True
+
+
+def batch_allowed(verdict: Mapping[str, Any] | None) -> bool:
+    """Whether a recorded verdict lets a person decide the request within a selection."""
+    return (verdict or {}).get("batch", True) is not False
 
 
 def _refuse_irreversible_auto_approve(where: str, glob: str, reversible: Reversibility) -> None:

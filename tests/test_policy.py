@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 
 from broker.errors import PolicyError
-from broker.policy import Policy, load_policy, parse_duration, parse_policy
+from broker.models import Verdict
+from broker.policy import (
+    Policy,
+    batch_allowed,
+    load_policy,
+    parse_duration,
+    parse_policy,
+    slack_buttons,
+)
 from broker.registry import Registry
 from broker.testing import FakeHandler
 
@@ -389,3 +397,95 @@ def test_parse_duration_refuses_infinity() -> None:
     """An infinite duration is not a duration."""
     with pytest.raises(ValueError):
         parse_duration(float("inf"))
+
+
+# -- how people may decide: batch and Slack buttons ------------------------------------
+
+
+def test_batch_and_slack_terms_travel_with_the_verdict() -> None:
+    """batch = false and slack_buttons = true are kept on the verdict the ledger records."""
+    pol = policy(
+        """
+        [[rules]]
+        effect = "s3.delete_object"
+        action = "approve"
+        batch = false
+
+        [[rules]]
+        effect = "files.write"
+        action = "approve"
+        slack_buttons = true
+        """,
+        {"files.write": True, "s3.delete_object": False},
+    )
+    strict = pol.classify("s3.delete_object", {}, reversible=False)
+    easy = pol.classify("files.write", {}, reversible=True)
+    assert (strict.batch, strict.slack_buttons) == (False, False)
+    assert (easy.batch, easy.slack_buttons) == (True, True)
+    assert strict.to_json()["batch"] is False
+    assert Verdict.from_json(strict.to_json()) == strict
+    assert Verdict.from_json(easy.to_json()) == easy
+
+
+def test_default_terms_leave_the_recorded_verdict_as_before() -> None:
+    """A rule without the new keys records the same verdict JSON as before they existed."""
+    verdict = policy('[[rules]]\neffect = "x.y"\naction = "approve"\n').classify("x.y", {}, True)
+    assert set(verdict.to_json()) == {
+        "action", "rule", "reason", "approvals", "timeout_s", "on_timeout",
+    }  # fmt: skip
+    assert batch_allowed(verdict.to_json())
+    assert not slack_buttons(verdict.to_json(), reversible=True)
+
+
+def test_slack_buttons_never_on_irreversible_requests_unless_the_rule_says_so() -> None:
+    """A glob rule with slack_buttons shows them on reversible requests only, unless it
+    also says slack_buttons_irreversible; the default rule never shows them."""
+    some = policy('[[rules]]\neffect = "*"\naction = "approve"\nslack_buttons = true\n')
+    every = policy(
+        '[[rules]]\neffect = "*"\naction = "approve"\nslack_buttons = true\n'
+        "slack_buttons_irreversible = true\n"
+    )
+    held = some.classify("files.write", {}, reversible=False).to_json()
+    assert slack_buttons(held, reversible=True)
+    assert not slack_buttons(held, reversible=False)
+    both = every.classify("files.write", {}, reversible=False).to_json()
+    assert slack_buttons(both, reversible=False)
+    assert not slack_buttons(Policy().classify("x.y", {}, False).to_json(), reversible=False)
+
+
+@pytest.mark.parametrize(
+    ("rule", "names"),
+    [
+        ('effect = "x"\naction = "approve"\nbatch = "no"', ["rules[0].batch", "true or false"]),
+        ('effect = "x"\naction = "auto"\nbatch = false', ["rules[0].batch", "'approve' rule"]),
+        (
+            'effect = "x"\naction = "deny"\nslack_buttons = true',
+            ["rules[0].slack_buttons", "'approve' rule"],
+        ),
+        (
+            'effect = "x"\naction = "approve"\nslack_buttons = 1',
+            ["rules[0].slack_buttons", "true or false"],
+        ),
+        (
+            'effect = "x"\naction = "approve"\nslack_buttons_irreversible = true',
+            ["rules[0].slack_buttons_irreversible", "slack_buttons = true"],
+        ),
+    ],
+    ids=["batch-not-bool", "batch-on-auto", "buttons-on-deny", "buttons-not-bool", "alone"],
+)
+def test_bad_decision_terms_are_refused_at_load(rule: str, names: list[str]) -> None:
+    """A wrong batch / slack_buttons key stops loading with the rule and key named."""
+    message = refusal(f"[[rules]]\n{rule}\n")
+    for name in names:
+        assert name in message
+
+
+def test_slack_buttons_on_a_named_irreversible_effect_need_the_rule_to_say_so() -> None:
+    """slack_buttons on email.send (irreversible) alone would never show: refused, with
+    the key that allows it named; with slack_buttons_irreversible it loads."""
+    text = '[[rules]]\neffect = "email.send"\naction = "approve"\nslack_buttons = true\n'
+    message = refusal(text, {"email.send": False})
+    assert "rules[0].slack_buttons" in message
+    assert "slack_buttons_irreversible = true" in message
+    loaded = policy(text + "slack_buttons_irreversible = true\n", {"email.send": False})
+    assert slack_buttons(loaded.classify("email.send", {}, False).to_json(), reversible=False)

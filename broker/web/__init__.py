@@ -2,9 +2,14 @@
 
     app.py     create_app(config, registry, *, ledger_factory): the FastAPI app
     api.py     /api/v1: JSON in and out, errors as {"error": {"code", "message"}}
-    pages.py   the inbox pages (Jinja2 templates under templates/, static/ files)
+    shapes.py  the API's JSON shapes (pydantic models: its OpenAPI document)
+    pages.py   the page renderer (Jinja2 templates under templates/, static/), sign-in,
+               history
+    waiting.py the waiting list, batch decisions, a request's page and its decision
+    slack.py   POST /slack/actions: Slack's signed clicks (broker.slack does the rest)
     auth.py    approvers' hashed tokens, sessions, CSRF
-    inbox.py   what both share: the web's own ledger connections, cards, decisions
+    inbox.py   what all share: the web's own ledger connections, cards, decisions
+    cards.py   what the inbox adds to a card: summary, markers, output warnings, filters
     render.py  untrusted text as HTML, hidden characters shown
     server.py  WebServer (uvicorn on a thread) and start_web for serve/run
     cli.py     `broker web token NAME`

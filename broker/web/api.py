@@ -8,21 +8,35 @@ token, or the inbox's session cookie, with which a POST also needs the session's
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
-from pydantic import BaseModel, ConfigDict, Field
 
 from broker.clock import parse_duration
 from broker.errors import BrokerError, RequestNotFound
 from broker.ledger import Record
 from broker.models import now
 from broker.web.auth import Gate, Identity, same_secret
-from broker.web.inbox import Filters, Inbox, Refused, State
+from broker.web.cards import Narrowing
+from broker.web.inbox import Filters, Inbox, Pick, Picked, Refused, State
+from broker.web.shapes import (
+    REQUEST_ID,
+    SANDBOX,
+    BatchIn,
+    BatchOut,
+    Card,
+    Changes,
+    DecisionIn,
+    DecisionOut,
+    ErrorBody,
+    Health,
+    Me,
+    PendingList,
+    RequestList,
+    Stats,
+)
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-SANDBOX = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
-REQUEST_ID = r"^[A-Za-z0-9_-]{1,128}$"
 Status = State
 
 
@@ -41,154 +55,6 @@ class ApiError(Exception):
 
 def error_body(code: str, message: str) -> dict[str, Any]:
     return {"error": {"code": code, "message": message}}
-
-
-# -- the JSON shapes -------------------------------------------------------------------
-
-
-class ErrorDetail(BaseModel):
-    code: str = Field(description="stable, machine-readable: stale, not_pending, …")
-    message: str = Field(description="a sentence for a person")
-
-
-class ErrorBody(BaseModel):
-    error: ErrorDetail
-
-
-class Health(BaseModel):
-    status: Literal["ok"]
-
-
-class Me(BaseModel):
-    approver: str = Field(description="the authenticated approver; decisions are recorded as")
-
-
-class What(BaseModel):
-    title: str
-    body: str = Field(description="the exact content, diff or message")
-    body_kind: str = Field(description="text | diff | json")
-    facts: list[list[str]] = Field(description="[key, value] pairs")
-
-
-class Why(BaseModel):
-    rule: str | None
-    reason: str | None
-
-
-class Deadline(BaseModel):
-    expires_at: str | None
-    seconds_left: float | None
-    on_timeout: str | None = Field(description="deny | approve: what happens at expires_at")
-
-
-class Approvals(BaseModel):
-    have: list[str]
-    needed: int
-
-
-class Card(BaseModel):
-    """Everything a person needs to decide: the same card as `broker show --json`."""
-
-    sandbox: str
-    id: str
-    ref: str
-    effect: str | None
-    status: str
-    request_sha256: str | None
-    received_at: str
-    age_s: float | None
-    what: What
-    where: str | None
-    why: Why
-    if_nobody_answers: Deadline
-    agent_reason: str | None = Field(description="the agent's words, never verified")
-    reversible: bool | None
-    idempotent: bool | None
-    undo: str | None
-    approvals: Approvals
-    decided_by: str | None
-    reason: str | None
-
-
-class Summary(BaseModel):
-    """One request in a listing."""
-
-    sandbox: str
-    id: str
-    ref: str
-    effect: str | None
-    status: str
-    title: str
-    where: str | None
-    received_at: str
-    decided_at: str | None
-    completed_at: str | None
-    decided_by: str | None
-    reason: str | None
-    expires_at: str | None
-    on_timeout: str | None
-
-
-class PendingList(BaseModel):
-    cursor: int = Field(description="pass to /changes to learn when to look again")
-    requests: list[Card]
-
-
-class RequestList(BaseModel):
-    cursor: int
-    requests: list[Summary]
-
-
-class Changes(BaseModel):
-    cursor: int = Field(description="grows with every change to requests or decisions")
-    changed: bool = Field(description="whether cursor differs from `since`")
-
-
-class DecisionIn(BaseModel):
-    """A verdict on a pending request, bound to the sha256 the decider saw."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    verdict: Literal["approve", "deny"]
-    reason: str | None = Field(
-        None, max_length=2000, description="goes back to the agent; required to deny"
-    )
-    request_sha256: str = Field(
-        pattern=r"^[0-9a-fA-F]{12,64}$",
-        description="the request_sha256 of the card you read (at least 12 hex digits)",
-    )
-
-
-class DecisionOut(BaseModel):
-    settled: bool = Field(description="false while a quorum still needs more approvals")
-    approvals: int
-    needed: int
-    request: Card
-
-
-class Counts(BaseModel):
-    auto: int
-    approved: int
-    denied: int
-    expired: int
-    invalid: int
-    failed: int
-    waiting: int
-
-
-class StatsRow(BaseModel):
-    counts: Counts
-    human_decisions: int
-    approval_rate: float | None
-    median_time_to_decision_s: float | None
-    p90_time_to_decision_s: float | None
-    rubber_stamp: bool
-    advice: str | None
-
-
-class Stats(BaseModel):
-    effects: dict[str, StatsRow]
-    overall: StatsRow
 
 
 def summary(record: Record) -> dict[str, Any]:
@@ -268,10 +134,20 @@ def me(who: Who) -> dict[str, Any]:
 
 
 @router.get("/pending", response_model=PendingList, responses=GUARDED)
-def pending(inbox: InboxDep, who: Who) -> dict[str, Any]:
-    """The cards of every request waiting for a person, oldest first."""
+def pending(
+    inbox: InboxDep,
+    who: Who,
+    effect: Annotated[str | None, Query(max_length=200)] = None,
+    sandbox: Annotated[str | None, Query(max_length=128)] = None,
+    q: Annotated[
+        str | None,
+        Query(max_length=200, description="text in the ref, what, where, why or agent's words"),
+    ] = None,
+) -> dict[str, Any]:
+    """The cards of every request waiting for a person, oldest first, narrowed by effect,
+    sandbox and text."""
     cursor = inbox.cursor()
-    return {"cursor": cursor, "requests": inbox.pending()}
+    return {"cursor": cursor, "requests": inbox.pending(Narrowing(effect, sandbox, q))}
 
 
 @router.get("/requests", response_model=RequestList, responses=GUARDED)
@@ -334,6 +210,38 @@ def decide(
         "approvals": outcome.approvals,
         "needed": outcome.needed,
         "request": card,
+    }
+
+
+@router.post("/decisions", response_model=BatchOut, responses={**GUARDED, **_responses(400, 413)})
+def decide_batch(body: BatchIn, inbox: InboxDep, who: Who) -> dict[str, Any]:
+    """One verdict over a selection of requests, as the authenticated approver.
+
+    Each request is decided on its own, bound to its own sha256, and recorded as its own
+    decision; one refused (stale, already decided, or its rule says `batch = false`) does
+    not stop the others. The answer is 200 with one result per request."""
+    reason = body.reason.strip() if body.reason and body.reason.strip() else None
+    if body.verdict == "deny" and reason is None:
+        raise ApiError(422, "reason_required", "a denial needs a reason: the agents read it")
+    picks = [Pick(r.sandbox, r.id, r.request_sha256) for r in body.requests]
+    done = inbox.decide_many(
+        picks, body.verdict, approver=who.approver, reason=reason, surface=who.surface
+    )
+    results = [batch_item(p) for p in done]
+    recorded = sum(1 for p in done if p.recorded)
+    return {"recorded": recorded, "refused": len(done) - recorded, "results": results}
+
+
+def batch_item(picked: Picked) -> dict[str, Any]:
+    return {
+        "sandbox": picked.pick.sandbox,
+        "id": picked.pick.id,
+        "ref": picked.pick.ref,
+        "recorded": picked.recorded,
+        "settled": picked.settled,
+        "status": picked.status,
+        "code": picked.code,
+        "message": picked.message,
     }
 
 

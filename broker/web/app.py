@@ -1,4 +1,5 @@
-"""The FastAPI application: /api/v1, the inbox pages and their static files.
+"""The FastAPI application: /api/v1, the inbox pages and their static files, and
+Slack's callback (/slack/actions) when [notify.slack] is configured.
 
 It runs in the broker's process but reads and writes the ledger through its own
 connections; a decision is flushed to the audit log and nudges the serving broker,
@@ -33,7 +34,8 @@ from broker.config import Config
 from broker.errors import ConfigError
 from broker.ledger import Ledger
 from broker.registry import Registry
-from broker.web import api, pages
+from broker.slack.settings import slack_settings
+from broker.web import api, pages, slack, waiting
 from broker.web.auth import Gate, Sessions, load_approvers
 from broker.web.inbox import Inbox
 
@@ -107,11 +109,15 @@ def create_app(
     settings = web_settings(config)
     gate = Gate(load_approvers(config.approvers), Sessions(settings.session_ttl_s))
     inbox = Inbox(config, registry, ledger_factory or (lambda: Ledger(config.ledger_path)))
+    chat = slack_settings(config)
+    callback = slack.SlackCallback(chat, inbox) if chat is not None else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         inbox.close()
+        if callback is not None:
+            callback.close()
 
     app = FastAPI(
         title="Sandbox-outbox broker",
@@ -126,8 +132,11 @@ def create_app(
     app.state.inbox = inbox
     app.state.gate = gate
     app.state.pages = renderer
+    app.state.slack = callback
     app.include_router(api.router, prefix="/api/v1")
+    app.include_router(slack.router)
     app.include_router(pages.router)
+    app.include_router(waiting.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     _handle_errors(app, renderer)
     app.add_middleware(SecurityHeaders)

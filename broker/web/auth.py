@@ -3,6 +3,7 @@ only as its sha256; browser sessions; CSRF tokens for form posts.
 
     [approvers.alice]
     token_sha256 = "…"        # `broker web token alice` prints a token and this line
+    slack_user = "U0123ABCD"  # optional: her clicks in Slack count as hers (broker.slack)
 
 The API takes `Authorization: Bearer <token>`. The browser signs in with the token
 once and then carries a session cookie (HttpOnly, SameSite=Strict); every form it
@@ -51,7 +52,8 @@ def config_lines(name: str, token: str) -> str:
 
 
 def load_approvers(table: Mapping[str, Any]) -> dict[str, str]:
-    """[approvers.NAME] tables → {name: token sha256}; a mistake names its key."""
+    """[approvers.NAME] tables → {name: token sha256}; a mistake names its key. An
+    approver with only a slack_user (checked by broker.slack) has no token here."""
     digests: dict[str, str] = {}
     for name, entry in table.items():
         where = f"approvers.{name}"
@@ -66,9 +68,11 @@ def load_approvers(table: Mapping[str, Any]) -> dict[str, str]:
                 f"{where}.token: a token is never written in broker.toml; write its "
                 f"token_sha256 instead (`broker web token {name}` prints it)"
             )
-        unknown = set(entry) - {"token_sha256"}
+        unknown = set(entry) - {"token_sha256", "slack_user"}
         if unknown:
             raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown key")
+        if "token_sha256" not in entry and "slack_user" in entry:
+            continue
         digest = entry.get("token_sha256")
         if not isinstance(digest, str) or not _SHA256.fullmatch(digest.lower()):
             raise ConfigError(

@@ -14,12 +14,14 @@ from datetime import datetime
 from typing import Any, Literal, get_args
 
 from broker import approval
+from broker.clock import now, parse_iso
 from broker.config import Config
 from broker.errors import DecisionError, RequestNotFound
 from broker.ledger import Ledger, Record
-from broker.models import now, parse_iso
+from broker.policy import batch_allowed
 from broker.registry import Registry
 from broker.stats import summarize
+from broker.web.cards import Narrowing, extend
 
 LedgerFactory = Callable[[], Ledger]
 
@@ -46,6 +48,31 @@ class Refused(DecisionError):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+@dataclass(frozen=True)
+class Pick:
+    """One request of a batch decision, with the sha256 of the card the person saw."""
+
+    sandbox: str
+    id: str
+    sha256: str
+
+    @property
+    def ref(self) -> str:
+        return f"{self.sandbox}/{self.id}"
+
+
+@dataclass(frozen=True)
+class Picked:
+    """What a batch decision did to one request: recorded, or refused with a code."""
+
+    pick: Pick
+    recorded: bool
+    settled: bool = False
+    code: str | None = None
+    message: str = ""
+    status: str | None = None
 
 
 @dataclass(frozen=True)
@@ -100,10 +127,38 @@ class Inbox:
         with self.ledger() as ledger:
             return ledger.change_mark()
 
-    def pending(self) -> list[dict[str, Any]]:
-        """Cards of what waits, oldest first (as `broker pending --json`)."""
+    def pending(self, narrowing: Narrowing | None = None) -> list[dict[str, Any]]:
+        """Cards of what waits, oldest first (as `broker pending --json`), narrowed."""
+        keep = narrowing or Narrowing()
         with self.ledger() as ledger:
-            return [self._card(ledger, r) for r in ledger.in_states(["pending"])]
+            cards = [self._card(ledger, r) for r in ledger.in_states(["pending"])]
+        return [c for c in cards if keep.keeps(c)]
+
+    def neighbours(
+        self, key: tuple[str, str]
+    ) -> tuple[tuple[str, str] | None, tuple[str, str] | None]:
+        """The waiting requests before and after `key` in arrival order (for j/k); from a
+        request that no longer waits, the next is the oldest one waiting."""
+        with self.ledger() as ledger:
+            keys = [r.key for r in ledger.in_states(["pending"])]
+        if key not in keys:
+            return None, next(iter(keys), None)
+        at = keys.index(key)
+        return (keys[at - 1] if at else None), (keys[at + 1] if at + 1 < len(keys) else None)
+
+    def next_waiting(self, approver: str, after: tuple[str, str]) -> Record | None:
+        """The request to show `approver` after deciding on `after`: the next one waiting
+        that they have not decided on yet (after it in arrival order, else from the top)."""
+        with self.ledger() as ledger:
+            done = ledger.get(*after)
+            mark = done.seq if done is not None and done.seq is not None else 0
+            waiting = [
+                r
+                for r in ledger.in_states(["pending"])
+                if r.key != after and all(d.approver != approver for d in ledger.decisions(*r.key))
+            ]
+        later = [r for r in waiting if (r.seq or 0) > mark]
+        return next(iter(later or waiting), None)
 
     def card(self, sandbox: str, request_id: str) -> dict[str, Any]:
         with self.ledger() as ledger:
@@ -116,7 +171,7 @@ class Inbox:
         card = approval.card(ledger, record, self.registry)
         received = parse_iso(record.received_at)
         card["age_s"] = round((now() - received).total_seconds(), 1) if received else None
-        return card
+        return extend(card, record.output)
 
     def waiting(self) -> int:
         with self.ledger() as ledger:
@@ -171,6 +226,61 @@ class Inbox:
                 raise
             except DecisionError as exc:
                 raise Refused(_why(ledger, ref, approver, sha256), str(exc)) from exc
+
+    def decide_many(
+        self,
+        picks: Iterable[Pick],
+        verdict: str,
+        *,
+        approver: str,
+        reason: str | None,
+        surface: str,
+    ) -> list[Picked]:
+        """One decision per picked request, each bound to its own sha256 and recorded on
+        its own; a request whose rule says `batch = false` is refused, never decided."""
+        outcomes: list[Picked] = []
+        seen: set[tuple[str, str]] = set()
+        for pick in picks:
+            key = (pick.sandbox, pick.id)
+            if key in seen:
+                outcomes.append(Picked(pick, False, code="duplicate", message="listed twice"))
+                continue
+            seen.add(key)
+            outcomes.append(self._decide_one(pick, verdict, approver, reason, surface))
+        return outcomes
+
+    def _decide_one(
+        self, pick: Pick, verdict: str, approver: str, reason: str | None, surface: str
+    ) -> Picked:
+        with self.ledger() as ledger:
+            record = ledger.get(pick.sandbox, pick.id)
+        if record is None:
+            return Picked(pick, False, code="not_found", message=f"no request {pick.ref}")
+        if not batch_allowed(record.verdict):
+            rule = (record.verdict or {}).get("rule", "its rule")
+            return Picked(
+                pick,
+                False,
+                code="batch_forbidden",
+                message=f"{pick.ref}: {rule} asks for a decision on this request alone; "
+                "open it and decide there",
+                status=record.state,
+            )
+        try:
+            outcome = self.decide(
+                pick.sandbox,
+                pick.id,
+                verdict,
+                approver=approver,
+                reason=reason,
+                sha256=pick.sha256,
+                surface=surface,
+            )
+        except RequestNotFound as exc:
+            return Picked(pick, False, code="not_found", message=str(exc))
+        except Refused as exc:
+            return Picked(pick, False, code=exc.code, message=exc.message, status=record.state)
+        return Picked(pick, True, outcome.settled, status=outcome.record.state)
 
 
 def _why(ledger: Ledger, ref: str, approver: str, sha256: str) -> str:

@@ -1,4 +1,5 @@
-"""The inbox pages: server-rendered HTML for reviewers in a browser.
+"""The inbox pages: server-rendered HTML for reviewers in a browser; the renderer, sign-in
+and history here, the waiting list and request pages in broker.web.waiting.
 
 Every value printed by a template goes through `render.shown` (Jinja's `finalize`):
 escaped, with control, bidi and zero-width characters made visible. Regions marked
@@ -7,6 +8,7 @@ escaped, with control, bidi and zero-width characters made visible. Regions mark
 
 from __future__ import annotations
 
+import html
 import secrets
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,18 +19,16 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
-from broker.errors import RequestNotFound
+from broker.ledger import Record
+from broker.render import neutralize
 from broker.web import render
 from broker.web.auth import LOGIN_COOKIE, SESSION_COOKIE, Gate, Identity, same_secret
-from broker.web.inbox import STATES, Filters, Inbox, Refused
+from broker.web.cards import service_warning
+from broker.web.inbox import STATES, Filters, Inbox
 
 TEMPLATES = Path(__file__).parent / "templates"
 DECIDED = tuple(s for s in STATES if s not in ("received", "pending"))
 FormText = Annotated[str, Form(max_length=4000)]
-DONE = {
-    "approve": "Your approval is recorded.",
-    "deny": "Your denial is recorded; the agent reads your reason.",
-}
 
 
 def _finalize(value: Any) -> Any:
@@ -37,6 +37,16 @@ def _finalize(value: Any) -> Any:
     if isinstance(value, str) and not isinstance(value, Markup):
         return render.shown(value)
     return value
+
+
+def attribute(value: Any) -> Markup:
+    """A value for inside an HTML attribute: neutralised to plain text and escaped, never
+    the marked-up form (a tag inside an attribute would be garbage, or worse)."""
+    return Markup(html.escape(neutralize(str(value or "")), quote=True))
+
+
+def warned(record: Record) -> str | None:
+    return service_warning(record.state, record.output)
 
 
 def environment() -> Environment:
@@ -50,7 +60,9 @@ def environment() -> Environment:
     )
     env.filters["multiline"] = lambda text: render.shown(str(text or ""), keep_newlines=True)
     env.filters["duration"] = render.duration
+    env.filters["attr"] = attribute
     env.globals.update(
+        warned=warned,
         body_lines=render.body_lines,
         then=render.then,
         request_url=render.request_url,
@@ -191,97 +203,6 @@ def logout(request: Request, pages: PagesDep, csrf: FormText = "") -> Response:
     return response
 
 
-@router.get("/")
-def waiting(request: Request, pages: PagesDep) -> Response:
-    who = pages.signed_in(request)
-    if who is None:
-        return pages.to_login(request)
-    return pages.html("inbox.html", request, who, cards=pages.inbox.pending())
-
-
-@router.get("/requests/{sandbox}/{request_id}")
-def request_page(
-    request: Request, pages: PagesDep, sandbox: str, request_id: str, done: str = ""
-) -> Response:
-    who = pages.signed_in(request)
-    if who is None:
-        return pages.to_login(request)
-    return _request_page(pages, request, who, sandbox, request_id, DONE.get(done), None, 200)
-
-
-def _request_page(
-    pages: Pages,
-    request: Request,
-    who: Identity,
-    sandbox: str,
-    request_id: str,
-    notice: str | None,
-    problem: str | None,
-    status: int,
-) -> Response:
-    try:
-        card = pages.inbox.card(sandbox, request_id)
-    except RequestNotFound as exc:
-        return pages.error(request, 404, "No such request", str(exc))
-    return pages.html(
-        "request.html",
-        request,
-        who,
-        status,
-        live_url=render.request_url(sandbox, request_id),
-        card=card,
-        notice=notice,
-        problem=problem,
-        decided_by_me=who.approver in _deciders(pages.inbox, sandbox, request_id),
-    )
-
-
-@router.post("/requests/{sandbox}/{request_id}/decision")
-def decide(
-    request: Request,
-    pages: PagesDep,
-    sandbox: str,
-    request_id: str,
-    verdict: FormText = "",
-    reason: FormText = "",
-    request_sha256: FormText = "",
-    csrf: FormText = "",
-) -> Response:
-    who = pages.signed_in(request)
-    if who is None or who.session is None:
-        return pages.to_login(request)
-    if not same_secret(who.session.csrf, csrf):
-        return pages.error(
-            request, 403, "Not recorded", "The form expired (CSRF check); reload and decide again."
-        )
-    said = reason.strip() or None
-    problem = None
-    if verdict not in ("approve", "deny"):
-        problem = "Choose Approve or Deny."
-    elif verdict == "deny" and said is None:
-        problem = "A denial needs a reason: the agent reads it and should know what to do."
-    elif len(said or "") > 2000:
-        problem = "The reason is longer than 2,000 characters."
-    if problem is not None:
-        return _request_page(pages, request, who, sandbox, request_id, None, problem, 422)
-    try:
-        pages.inbox.decide(
-            sandbox,
-            request_id,
-            verdict,
-            approver=who.approver,
-            reason=said,
-            sha256=request_sha256,
-            surface="web",
-        )
-    except RequestNotFound as exc:
-        return pages.error(request, 404, "No such request", str(exc))
-    except Refused as exc:
-        return _request_page(pages, request, who, sandbox, request_id, None, exc.message, 409)
-    url = render.request_url(sandbox, request_id) + f"?done={verdict}"
-    return RedirectResponse(url, status_code=303)
-
-
 @router.get("/history")
 def history(
     request: Request, pages: PagesDep, effect: str = "", sandbox: str = "", outcome: str = ""
@@ -300,8 +221,3 @@ def history(
         effects=pages.inbox.effects(),
         outcomes=DECIDED,
     )
-
-
-def _deciders(inbox: Inbox, sandbox: str, request_id: str) -> list[str]:
-    with inbox.ledger() as ledger:
-        return [d.approver for d in ledger.decisions(sandbox, request_id)]

@@ -3,6 +3,7 @@ real uvicorn on 127.0.0.1 for the whole session (each test plugs in its own app)
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -19,9 +20,25 @@ from broker.web.app import create_app
 from broker.web.auth import hash_token
 from broker.web.server import WebServer
 
+LOOPBACK = ["127.0.0.0/8"]
+CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
+BROWSER_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+]
+BROWSER_TZ = "Asia/Kolkata"  # UTC+05:30 all year: local times differ visibly from UTC
 TOKENS = {"alice": "bkr_alice-token-for-tests", "bob": "bkr_bob-token-for-tests"}
 RECORD_REASON = "a person looks at every record first"
 FILES_REASON = "files leave the sandbox: a person reads them first"
+CAREFUL_REASON = "each of these is read on its own"
+HTTP_REASON = "calls to services wait for a person"
 POLICY = f"""
 [[rules]]
 effect = "test.record"
@@ -41,6 +58,17 @@ effect = "files.write"
 action = "approve"
 timeout = "30m"
 reason = "{FILES_REASON}"
+
+[[rules]]
+effect = "test.careful"
+action = "approve"
+batch = false
+reason = "{CAREFUL_REASON}"
+
+[[rules]]
+effect = "http.request"
+action = "approve"
+reason = "{HTTP_REASON}"
 """
 
 
@@ -134,9 +162,13 @@ def exports(tmp_path: Path) -> Path:
 def _harness(tmp_path: Path, exports: Path) -> BrokerHarness:
     return BrokerHarness(
         tmp_path / "h",
-        handlers=[FakeHandler("test.record"), FakeHandler("test.quorum")],
+        handlers=[
+            FakeHandler("test.record"),
+            FakeHandler("test.quorum"),
+            FakeHandler("test.careful"),
+        ],
         policy=POLICY,
-        integrations={"files": {"root": str(exports)}},
+        integrations={"files": {"root": str(exports)}, "http": {"allow_networks": LOOPBACK}},
     )
 
 
@@ -165,3 +197,52 @@ def web(tmp_path: Path, exports: Path, served: tuple[Switch, WebServer]) -> Iter
 def idle(tmp_path: Path, exports: Path, served: tuple[Switch, WebServer]) -> Iterator[Web]:
     """The web inbox over a state dir no broker serves: for what needs no request."""
     yield from _plugged(_harness(tmp_path, exports), served)
+
+
+# -- headless Chromium ----------------------------------------------------------------
+
+
+def _missing(why: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"{why}; CI must run the browser tests (bash scripts/chromium-up.sh)")
+    pytest.skip(f"{why}: run `bash scripts/chromium-up.sh` as root to run the browser tests")
+
+
+@pytest.fixture(scope="module")
+def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A headless Chromium with a throw-away profile, shared by one module's tests.
+    Chromium resolves no name but 127.0.0.1."""
+    if not CHROMIUM.exists():
+        _missing(f"{CHROMIUM} is not installed")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _missing("playwright is not installed (pip install -e '.[dev]')")
+    with sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            tmp_path_factory.mktemp("chromium-profile"),
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=BROWSER_ARGS,
+            viewport={"width": 1200, "height": 900},
+            timezone_id=BROWSER_TZ,
+        )
+        yield context
+        context.close()
+
+
+@pytest.fixture
+def page(chromium: Any, web: Web) -> Iterator[Any]:
+    """A fresh tab signed in to `web` as alice, with its script errors collected."""
+    chromium.clear_cookies()
+    tab = chromium.new_page()
+    tab.errors = []
+    tab.on("pageerror", lambda exc: tab.errors.append(str(exc)))
+    tab.goto(f"{web.url}/")
+    tab.fill("#token", TOKENS["alice"])
+    tab.click("#sign-in")
+    tab.wait_for_selector("h1:has-text('Waiting for a decision')")
+    tab.wait_for_load_state()  # the page's script is running
+    yield tab
+    assert tab.errors == []  # no script broke on any page
+    tab.close()

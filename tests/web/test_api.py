@@ -15,6 +15,7 @@ GUARDED = [
     ("GET", "/api/v1/requests"),
     ("GET", "/api/v1/requests/default/x"),
     ("POST", "/api/v1/requests/default/x/decision"),
+    ("POST", "/api/v1/decisions"),
     ("GET", "/api/v1/changes"),
     ("GET", "/api/v1/stats"),
 ]
@@ -251,6 +252,7 @@ def test_openapi_document_describes_every_endpoint(idle: Web) -> None:
         "/api/v1/requests",
         "/api/v1/requests/{sandbox}/{request_id}",
         "/api/v1/requests/{sandbox}/{request_id}/decision",
+        "/api/v1/decisions",
         "/api/v1/changes",
         "/api/v1/stats",
     } == paths
