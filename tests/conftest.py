@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from broker.testing import BrokerHarness, FakeHandler
+from tests.support import SETTLE_S, Start
 
 
 @pytest.fixture
@@ -32,3 +35,20 @@ def harness(tmp_path: Path, fake: FakeHandler, exports: Path) -> Iterator[Broker
     )
     with h:
         yield h
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Start]:
+    """Start a BrokerHarness (kwargs as BrokerHarness) that is stopped after the test."""
+    running: list[BrokerHarness] = []
+
+    def make(**kwargs: Any) -> BrokerHarness:
+        h = BrokerHarness(tmp_path / f"broker{len(running)}", **kwargs)
+        running.append(h)
+        h.start()
+        time.sleep(SETTLE_S)
+        return h
+
+    yield make
+    for h in running:
+        h.stop()

@@ -9,9 +9,7 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +19,15 @@ from broker import audit
 from broker.ledger import Ledger
 from broker.testing import BrokerHarness, FakeHandler
 from effects.files import FilesWrite
+from tests.support import Start
 
 BROKER = Path(sys.executable).with_name("broker")
-SETTLE_S = 0.15
 RECORD_REASON = "a person looks at every record first"
 FILES_REASON = "files leave the sandbox: a person reads them first"
 HOSTILE_PATH = "notes/a\u202etxt.exe"
 HOSTILE_CONTENT = "hi \x1b[2J there\u200d\nline2\u202e\n"
 HOSTILE_REASON = "please \x1b[31m trust \u202e me\u200d"
 RAW = ("\x1b", "\u202e", "\u200d")
-
-Start = Callable[..., BrokerHarness]
 
 
 def gate(approvals: int = 1, timeout: str = "1h") -> str:
@@ -45,25 +41,13 @@ def gate(approvals: int = 1, timeout: str = "1h") -> str:
 
 
 @pytest.fixture
-def start(tmp_path: Path, fake: FakeHandler, exports: Path) -> Iterator[Start]:
+def start(start: Start, fake: FakeHandler, exports: Path) -> Start:
     """Start a broker with test.record and files.write gated (gate() kwargs)."""
-    running: list[BrokerHarness] = []
-
-    def make(**terms: Any) -> BrokerHarness:
-        h = BrokerHarness(
-            tmp_path / f"broker{len(running)}",
-            handlers=[fake, FakeHandler("test.auto")],
-            policy=gate(**terms),
-            integrations={"files": {"root": str(exports)}},
-        )
-        running.append(h)
-        h.start()
-        time.sleep(SETTLE_S)
-        return h
-
-    yield make
-    for h in running:
-        h.stop()
+    return lambda **terms: start(
+        handlers=[fake, FakeHandler("test.auto")],
+        policy=gate(**terms),
+        integrations={"files": {"root": str(exports)}},
+    )
 
 
 def cli(h: BrokerHarness, *args: str) -> subprocess.CompletedProcess[str]:

@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,8 +21,8 @@ from broker.errors import ConfigError
 from broker.ledger import Ledger
 from broker.notify import Notifier, Webhook, payload, webhooks_from
 from broker.testing import BrokerHarness, FakeHandler
+from tests.support import Start, eventually
 
-SETTLE_S = 0.15
 INBOX = "http://inbox.test:8700"
 POLICY = (
     '[[rules]]\neffect = "test.record"\naction = "approve"\ntimeout = "1h"\n'
@@ -96,36 +95,22 @@ def hook() -> Iterator[Hook]:
 
 
 @pytest.fixture
-def serve(tmp_path: Path, fake: FakeHandler) -> Iterator[Callable[[Notifier], BrokerHarness]]:
+def serve(start: Start, fake: FakeHandler) -> Callable[[Notifier], BrokerHarness]:
     """Start a broker gating test.record that notifies through the given Notifier."""
-    running: list[BrokerHarness] = []
 
     def make(notifier: Notifier) -> BrokerHarness:
-        h = BrokerHarness(tmp_path / "h", handlers=[fake], policy=POLICY, builtins=False)
-        running.append(h)
-        h.start()
+        h = start(handlers=[fake], policy=POLICY, builtins=False)
         assert h.broker is not None
         h.broker.notify_with(notifier)
-        time.sleep(SETTLE_S)
         return h
 
-    yield make
-    for h in running:
-        h.stop()
+    return make
 
 
 def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    end = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > end:
-            raise AssertionError(f"not true within {timeout}s")
-        time.sleep(0.01)
 
 
 CARD: dict[str, Any] = {
