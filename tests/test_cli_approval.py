@@ -7,7 +7,6 @@ import getpass
 import json
 import os
 import subprocess
-import sys
 import threading
 import uuid
 from pathlib import Path
@@ -19,9 +18,9 @@ from broker import audit
 from broker.ledger import Ledger
 from broker.testing import BrokerHarness, FakeHandler
 from effects.files import FilesWrite
-from tests.support import Start
+from tests.support import BROKER, Start
+from tests.support import assert_one_line_error as refused
 
-BROKER = Path(sys.executable).with_name("broker")
 RECORD_REASON = "a person looks at every record first"
 FILES_REASON = "files leave the sandbox: a person reads them first"
 HOSTILE_PATH = "notes/a\u202etxt.exe"
@@ -67,14 +66,6 @@ def cli(h: BrokerHarness, *args: str) -> subprocess.CompletedProcess[str]:
 def ok(proc: subprocess.CompletedProcess[str]) -> str:
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
-
-
-def refused(proc: subprocess.CompletedProcess[str], words: str) -> None:
-    """The command failed with one clear line on stderr, no traceback."""
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr + proc.stdout
-    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert words in proc.stderr
 
 
 def waiting(h: BrokerHarness, value: Any = "v", **fields: Any) -> dict[str, Any]:
