@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +77,28 @@ def assert_one_line_error(proc: subprocess.CompletedProcess[str], *names: str) -
     for name in names:
         assert name in lines[0]
     return lines[0]
+
+
+@dataclass
+class Hook:
+    """What the webhook server received, and the statuses it answers with, per path."""
+
+    base: str
+    received: list[dict[str, Any]] = field(default_factory=list)
+    script: dict[str, list[int]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def url(self, path: str) -> str:
+        return self.base + path
+
+    def calls(self, path: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [r for r in self.received if r["path"] == path]
+
+    def wait_for(self, path: str, count: int, timeout: float = 5.0) -> list[dict[str, Any]]:
+        end = time.monotonic() + timeout
+        while len(self.calls(path)) < count:
+            if time.monotonic() > end:
+                raise AssertionError(f"{path}: {len(self.calls(path))} of {count} calls arrived")
+            time.sleep(0.01)
+        return self.calls(path)

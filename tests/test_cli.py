@@ -41,14 +41,6 @@ timeout = "4h"
 """
 
 
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    """An empty HOME, so no real state dir or config is ever read."""
-    path = tmp_path / "home"
-    path.mkdir()
-    return path
-
-
 @pytest.fixture(scope="module")
 def served_state(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The state dir of a real broker run: one applied request, one failed with a hostile reason."""

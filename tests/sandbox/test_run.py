@@ -14,6 +14,7 @@ import pexpect
 import pytest
 
 from broker import sandbox
+from tests.support import Hook, eventually
 
 BROKER = str(Path(sys.executable).parent / "broker")
 
@@ -177,3 +178,70 @@ def test_terminal_prompt_approves_a_gated_request(host: Path, engine: docker.Doc
     assert child.exitstatus == 0
     assert (host.parent / "exports" / "g.txt").read_text() == "two"
     assert containers(engine, "tty1") == []
+
+
+def test_sigterm_removes_the_container_as_ctrl_c_does(
+    host: Path, engine: docker.DockerClient
+) -> None:
+    """SIGTERM (a service manager stopping the run) removes the container and exits 130."""
+    proc = subprocess.Popen(
+        [BROKER, "run", "--config", str(host), "--name", "term1", "--", "sleep", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    eventually(lambda: bool(containers(engine, "term1")), timeout=60)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted: the sandbox was removed" in err
+    assert "Traceback" not in err
+    assert containers(engine, "term1") == []
+
+
+def test_run_tells_the_notify_webhooks_and_the_person_told_decides(
+    host: Path, engine: docker.DockerClient, hook: Hook
+) -> None:
+    """[notify] webhooks hear of a gated request in `broker run`, as in `serve`; the
+    person notified approves with the command the message gives, and the agent reads it."""
+    with host.open("a") as config:
+        config.write(f'[[notify.webhooks]]\nurl = "{hook.url("/pending")}"\n')
+    agent = (
+        "import outbox\n"
+        "outbox.request('files.write', {'path': 'n.txt', 'content': 'one'}, timeout=60)\n"
+        "r = outbox.request('files.write', {'path': 'n.txt', 'content': 'two', "
+        "'overwrite': True}, reason='update it', timeout=90)\n"
+        "print('AGENT', r['status'])\n"
+    )
+    proc = subprocess.Popen(
+        [BROKER, "run", "--config", str(host), "--name", "note1", "--", "python3", "-c", agent],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        message = hook.wait_for("/pending", 1, timeout=90)[0]["body"]
+        assert message["type"] == "approval.pending"
+        assert (message["sandbox"], message["effect"]) == ("note1", "files.write")
+        assert "an overwrite destroys the old file" in message["why"]
+        command = message["decide"]["approve"].split()  # broker approve SANDBOX/ID
+        decided = subprocess.run(
+            [BROKER, *command[1:], "--config", str(host)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert decided.returncode == 0, decided.stderr
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 0, err
+    assert "AGENT applied" in err
+    assert (host.parent / "exports" / "n.txt").read_text() == "two"
+    assert len(hook.calls("/pending")) == 1
+    assert containers(engine, "note1") == []
