@@ -42,7 +42,7 @@ InsecureOpt = Annotated[
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v")]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DaemonArgs:
     """The options `serve` and `run` share."""
 

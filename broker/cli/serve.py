@@ -36,7 +36,14 @@ def serve(
     verbose: VerboseOpt = False,
 ) -> None:
     """Watch outboxes and answer every request until stopped (Ctrl-C)."""
-    args = DaemonArgs(config, state, policy, listen, insecure_listen, verbose)
+    args = DaemonArgs(
+        config=config,
+        state=state,
+        policy=policy,
+        listen=listen,
+        insecure_listen=insecure_listen,
+        verbose=verbose,
+    )
     with daemon(args) as d:
         if (outbox is None) != (results is None):
             fail("--outbox and --results go together")
@@ -90,7 +97,14 @@ def run(
     command = list(ctx.args)
     if not command:
         fail("give the command to run after --, e.g. broker run -- python3 agent.py")
-    args = DaemonArgs(config, state, policy, listen, insecure_listen, verbose)
+    args = DaemonArgs(
+        config=config,
+        state=state,
+        policy=policy,
+        listen=listen,
+        insecure_listen=insecure_listen,
+        verbose=verbose,
+    )
     with daemon(args, quiet=True) as d:
         if workspace is not None and not workspace.is_dir():
             fail(f"--workspace {workspace}: not a directory")
