@@ -76,19 +76,23 @@ class Serving:
         self.proc = subprocess.Popen(
             [str(BROKER), "serve", *args],
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
             env=clean_env(home),
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
         assert self.proc.stderr is not None
-        stream = self.proc.stderr
-        threading.Thread(target=lambda: [self.lines.put(x) for x in stream], daemon=True).start()
+        for line in self.proc.stderr:
+            self.lines.put(line)
 
     def line_with(self, words: str, timeout: float = 30) -> str:
-        """The first stderr line holding `words` (lines before it are kept in `seen`)."""
+        """The first stderr line holding `words` (every line read is kept in `seen`)."""
         while True:
             try:
                 line = self.lines.get(timeout=timeout)
@@ -98,16 +102,22 @@ class Serving:
             if words in line:
                 return line.strip()
 
-    def stop(self, signum: int) -> tuple[int, str]:
-        """Send `signum`; the exit code and the rest of stderr."""
+    def stop(self, signum: int) -> int:
+        """Send `signum`; the exit code, once stderr is read to its end into `seen`."""
         self.proc.send_signal(signum)
-        _, rest = self.proc.communicate(timeout=30)
-        return self.proc.returncode, rest
+        code = self.proc.wait(30)
+        self.reader.join(10)
+        while not self.lines.empty():
+            self.seen.append(self.lines.get())
+        return code
 
-    def kill(self) -> None:
+    def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+        self.reader.join(10)
+        assert self.proc.stderr is not None
+        self.proc.stderr.close()
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -121,11 +131,11 @@ def test_a_signal_stops_serve_and_its_web_inbox(home: Path, tmp_path: Path, sign
         assert banner == f"broker: serving sandboxes: none yet; state in {state}; Ctrl-C stops"
         assert url.startswith("http://127.0.0.1:")
         assert httpx.get(url, timeout=10).status_code < 500
-        code, rest = serving.stop(signum)
+        code = serving.stop(signum)
     finally:
-        serving.kill()
-    assert code == 0, rest
-    assert "Traceback" not in "".join(serving.seen) + rest
+        serving.close()
+    assert code == 0, serving.seen
+    assert "Traceback" not in "".join(serving.seen)
     with pytest.raises(httpx.ConnectError):
         httpx.get(url, timeout=5)
 
