@@ -18,6 +18,7 @@ from typing import Any
 from broker import sandbox
 from broker.config import Config
 from broker.ledger import Record
+from broker.notify import Notifier
 from broker.outbox import from_layout
 from broker.pipeline import Broker
 from broker.policy import Policy
@@ -34,6 +35,7 @@ class RunOptions:
     workspace: Path | None = None
     detach: bool = False
     on_pending: Callable[[Record], None] | None = None
+    notifier: Notifier | None = None  # [notify] webhooks, as `broker serve` tells them
     say: Callable[[str], None] = print
 
 
@@ -92,6 +94,10 @@ def run(config: Config, registry: Registry, policy: Policy, options: RunOptions)
         return 0
     broker = Broker(config, registry, policy)
     broker.add(from_layout(config.sandboxes_dir, sandbox_id))
+    if options.notifier is not None:
+        from broker.notify import attach as notify
+
+        notify(broker, config, options.notifier)
     if options.on_pending is not None:
         notify = options.on_pending
         broker.on_change.append(

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import threading
+import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from broker.testing import BrokerHarness, FakeHandler
+from tests.support import SETTLE_S, Hook, Start
 
 
 @pytest.fixture
@@ -25,6 +31,14 @@ def exports(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """An empty HOME, so no real state dir or config is ever read."""
+    path = tmp_path / "home"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
 def harness(tmp_path: Path, fake: FakeHandler, exports: Path) -> Iterator[BrokerHarness]:
     """A running broker in attach mode with files.write and test.record."""
     h = BrokerHarness(
@@ -32,3 +46,58 @@ def harness(tmp_path: Path, fake: FakeHandler, exports: Path) -> Iterator[Broker
     )
     with h:
         yield h
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Start]:
+    """Start a BrokerHarness (kwargs as BrokerHarness) that is stopped after the test."""
+    running: list[BrokerHarness] = []
+
+    def make(**kwargs: Any) -> BrokerHarness:
+        h = BrokerHarness(tmp_path / f"broker{len(running)}", **kwargs)
+        running.append(h)
+        h.start()
+        time.sleep(SETTLE_S)
+        return h
+
+    yield make
+    for h in running:
+        h.stop()
+
+
+@pytest.fixture
+def hook() -> Iterator[Hook]:
+    """A real HTTP server in a thread that records each POST and answers from a script."""
+    state = Hook("")
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            with state.lock:
+                state.received.append(
+                    {
+                        "path": self.path,
+                        "at": time.monotonic(),
+                        "type": self.headers.get("Content-Type"),
+                        "body": json.loads(body),
+                    }
+                )
+                script = state.script.get(self.path, [])
+                status = script.pop(0) if script else 200
+            self.send_response(status)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    state.base = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    yield state
+    server.shutdown()
+    server.server_close()
+    thread.join(5)

@@ -6,8 +6,6 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,12 +16,9 @@ from broker.errors import DecisionError
 from broker.ledger import Ledger
 from broker.models import parse_iso
 from broker.testing import BrokerHarness, FakeHandler
+from tests.support import SETTLE_S, Start
 
-# The watcher starts a moment after `ready` (see test_pipeline.py).
-SETTLE_S = 0.15
 REASON = "a person looks at every record first"
-
-Start = Callable[..., BrokerHarness]
 
 
 def gate(approvals: int = 1, timeout: str = "1h", on_timeout: str = "deny") -> str:
@@ -40,25 +35,9 @@ def gate(approvals: int = 1, timeout: str = "1h", on_timeout: str = "deny") -> s
 
 
 @pytest.fixture
-def start(tmp_path: Path, fake: FakeHandler) -> Iterator[Start]:
+def start(start: Start, fake: FakeHandler) -> Start:
     """Start a broker gating test.record (gate() kwargs); stopped after the test."""
-    running: list[BrokerHarness] = []
-
-    def make(**terms: Any) -> BrokerHarness:
-        h = BrokerHarness(
-            tmp_path / f"broker{len(running)}",
-            handlers=[fake],
-            policy=gate(**terms),
-            builtins=False,
-        )
-        running.append(h)
-        h.start()
-        time.sleep(SETTLE_S)
-        return h
-
-    yield make
-    for h in running:
-        h.stop()
+    return lambda **terms: start(handlers=[fake], policy=gate(**terms), builtins=False)
 
 
 def waiting(h: BrokerHarness, value: Any = "v", **fields: Any) -> dict[str, Any]:

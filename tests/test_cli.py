@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +11,9 @@ import pytest
 
 from broker.testing import BrokerHarness, FakeHandler
 from broker.validation import load_schema
+from tests.support import assert_one_line_error
+from tests.support import run_broker as run
 
-BROKER = Path(sys.executable).with_name("broker")
 EVIL = "boom \x1b[2J\x1b[31mred \u202egnp.exe"
 
 POLICY = """
@@ -41,48 +39,6 @@ action = "approve"
 approvals = 2
 timeout = "4h"
 """
-
-
-def run(
-    *args: str, home: Path, env: dict[str, str] | None = None, cwd: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    """Run the installed `broker` console script with a clean environment."""
-    base = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("BROKER_")
-        and k not in ("XDG_STATE_HOME", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")
-    }
-    base.update({"HOME": str(home), "COLUMNS": "200", "TERM": "dumb"}, **(env or {}))
-    return subprocess.run(
-        [str(BROKER), *args],
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        env=base,
-        cwd=cwd,
-        timeout=60,
-        check=False,
-    )
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess[str], *names: str) -> str:
-    """A user error: non-zero exit, one line on stderr naming `names`, no traceback."""
-    assert proc.returncode != 0, proc.stdout
-    assert "Traceback" not in proc.stderr + proc.stdout
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    for name in names:
-        assert name in lines[0]
-    return lines[0]
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    """An empty HOME, so no real state dir or config is ever read."""
-    path = tmp_path / "home"
-    path.mkdir()
-    return path
 
 
 @pytest.fixture(scope="module")

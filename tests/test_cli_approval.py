@@ -7,11 +7,8 @@ import getpass
 import json
 import os
 import subprocess
-import sys
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +18,15 @@ from broker import audit
 from broker.ledger import Ledger
 from broker.testing import BrokerHarness, FakeHandler
 from effects.files import FilesWrite
+from tests.support import BROKER, Start
+from tests.support import assert_one_line_error as refused
 
-BROKER = Path(sys.executable).with_name("broker")
-SETTLE_S = 0.15
 RECORD_REASON = "a person looks at every record first"
 FILES_REASON = "files leave the sandbox: a person reads them first"
 HOSTILE_PATH = "notes/a\u202etxt.exe"
 HOSTILE_CONTENT = "hi \x1b[2J there\u200d\nline2\u202e\n"
 HOSTILE_REASON = "please \x1b[31m trust \u202e me\u200d"
 RAW = ("\x1b", "\u202e", "\u200d")
-
-Start = Callable[..., BrokerHarness]
 
 
 def gate(approvals: int = 1, timeout: str = "1h") -> str:
@@ -45,25 +40,13 @@ def gate(approvals: int = 1, timeout: str = "1h") -> str:
 
 
 @pytest.fixture
-def start(tmp_path: Path, fake: FakeHandler, exports: Path) -> Iterator[Start]:
+def start(start: Start, fake: FakeHandler, exports: Path) -> Start:
     """Start a broker with test.record and files.write gated (gate() kwargs)."""
-    running: list[BrokerHarness] = []
-
-    def make(**terms: Any) -> BrokerHarness:
-        h = BrokerHarness(
-            tmp_path / f"broker{len(running)}",
-            handlers=[fake, FakeHandler("test.auto")],
-            policy=gate(**terms),
-            integrations={"files": {"root": str(exports)}},
-        )
-        running.append(h)
-        h.start()
-        time.sleep(SETTLE_S)
-        return h
-
-    yield make
-    for h in running:
-        h.stop()
+    return lambda **terms: start(
+        handlers=[fake, FakeHandler("test.auto")],
+        policy=gate(**terms),
+        integrations={"files": {"root": str(exports)}},
+    )
 
 
 def cli(h: BrokerHarness, *args: str) -> subprocess.CompletedProcess[str]:
@@ -83,14 +66,6 @@ def cli(h: BrokerHarness, *args: str) -> subprocess.CompletedProcess[str]:
 def ok(proc: subprocess.CompletedProcess[str]) -> str:
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
-
-
-def refused(proc: subprocess.CompletedProcess[str], words: str) -> None:
-    """The command failed with one clear line on stderr, no traceback."""
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr + proc.stdout
-    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert words in proc.stderr
 
 
 def waiting(h: BrokerHarness, value: Any = "v", **fields: Any) -> dict[str, Any]:

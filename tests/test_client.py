@@ -15,8 +15,8 @@ import pytest
 from broker import audit, client
 from broker.errors import DecisionError, RequestNotFound
 from broker.testing import BrokerHarness, FakeHandler
+from tests.support import SETTLE_S
 
-SETTLE_S = 0.15
 POLICY = (
     '[[rules]]\neffect = "test.record"\naction = "approve"\ntimeout = "1h"\nreason = "look"\n'
     '[[rules]]\neffect = "test.brief"\naction = "approve"\ntimeout = "300ms"\nreason = "quick"\n'

@@ -23,6 +23,7 @@ from broker.errors import Rejected
 from broker.intake import Kind
 from broker.models import canonical, sha256_hex
 from broker.testing import BrokerHarness, FakeHandler
+from tests.support import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULT_SCHEMA = Draft202012Validator(json.loads((ROOT / "schemas" / "result.json").read_text()))
@@ -52,13 +53,6 @@ def codes(result: dict[str, Any]) -> list[str]:
     return [e["code"] for e in result["errors"]]
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    end = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < end, "the condition did not hold in time"
-        time.sleep(0.005)
-
-
 def audit_lines(h: BrokerHarness) -> list[dict[str, Any]]:
     """The audit log's complete lines, parsed (a line being appended is skipped)."""
     path = h.config.audit_path
@@ -83,7 +77,7 @@ def wait_audit(h: BrokerHarness, request_id: str, event: str) -> dict[str, Any]:
         ]
         return bool(found)
 
-    wait_until(seen)
+    eventually(seen)
     return found[0]
 
 
@@ -279,7 +273,7 @@ def test_hard_link_request_is_invalid(
     assert codes(result) == ["hard_link"]
     assert not os.path.lexists(shared_harness.outbox / "hardlink.json")
     assert other.read_bytes() == request_bytes("hardlink", marker)
-    wait_until(lambda: other.stat().st_nlink == 1)
+    eventually(lambda: other.stat().st_nlink == 1)
     assert all(a.get("value") != marker for a in shared_fake.applied)
 
 
@@ -591,13 +585,13 @@ def test_request_rewritten_after_it_was_read_is_applied_as_first_read(
         harness.write("rewrite.json", doc)
         assert fake.started.wait(5)
         harness.write("rewrite.json", rewritten)
-        wait_until(lambda: not (harness.outbox / "rewrite.json").exists())
+        eventually(lambda: not (harness.outbox / "rewrite.json").exists())
     finally:
         fake.release.set()
 
     result = answer(harness, doc["id"])
     rewritten_sha = sha256_hex(canonical(rewritten))
-    wait_until(lambda: any(e.get("sha256") == rewritten_sha for e in audit_lines(harness)))
+    eventually(lambda: any(e.get("sha256") == rewritten_sha for e in audit_lines(harness)))
 
     assert result["status"] == "applied"
     assert fake.applied == [{"value": "original"}]

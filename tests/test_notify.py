@@ -7,12 +7,8 @@ from __future__ import annotations
 import itertools
 import json
 import socket
-import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,8 +18,8 @@ from broker.errors import ConfigError
 from broker.ledger import Ledger
 from broker.notify import Notifier, Webhook, payload, webhooks_from
 from broker.testing import BrokerHarness, FakeHandler
+from tests.support import Hook, Start, eventually
 
-SETTLE_S = 0.15
 INBOX = "http://inbox.test:8700"
 POLICY = (
     '[[rules]]\neffect = "test.record"\naction = "approve"\ntimeout = "1h"\n'
@@ -32,100 +28,23 @@ POLICY = (
 HOSTILE_VALUE = "rm -rf / \x1b[2J\u202egnp.exe\u200d"
 
 
-@dataclass
-class Hook:
-    """What the webhook server received, and the statuses it answers with, per path."""
-
-    base: str
-    received: list[dict[str, Any]] = field(default_factory=list)
-    script: dict[str, list[int]] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def url(self, path: str) -> str:
-        return self.base + path
-
-    def calls(self, path: str) -> list[dict[str, Any]]:
-        with self.lock:
-            return [r for r in self.received if r["path"] == path]
-
-    def wait_for(self, path: str, count: int, timeout: float = 5.0) -> list[dict[str, Any]]:
-        end = time.monotonic() + timeout
-        while len(self.calls(path)) < count:
-            if time.monotonic() > end:
-                raise AssertionError(f"{path}: {len(self.calls(path))} of {count} calls arrived")
-            time.sleep(0.01)
-        return self.calls(path)
-
-
 @pytest.fixture
-def hook() -> Iterator[Hook]:
-    """A real HTTP server in a thread that records each POST and answers from a script."""
-    state = Hook("")
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            with state.lock:
-                state.received.append(
-                    {
-                        "path": self.path,
-                        "at": time.monotonic(),
-                        "type": self.headers.get("Content-Type"),
-                        "body": json.loads(body),
-                    }
-                )
-                script = state.script.get(self.path, [])
-                status = script.pop(0) if script else 200
-            self.send_response(status)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    state.base = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.start()
-    yield state
-    server.shutdown()
-    server.server_close()
-    thread.join(5)
-
-
-@pytest.fixture
-def serve(tmp_path: Path, fake: FakeHandler) -> Iterator[Callable[[Notifier], BrokerHarness]]:
+def serve(start: Start, fake: FakeHandler) -> Callable[[Notifier], BrokerHarness]:
     """Start a broker gating test.record that notifies through the given Notifier."""
-    running: list[BrokerHarness] = []
 
     def make(notifier: Notifier) -> BrokerHarness:
-        h = BrokerHarness(tmp_path / "h", handlers=[fake], policy=POLICY, builtins=False)
-        running.append(h)
-        h.start()
+        h = start(handlers=[fake], policy=POLICY, builtins=False)
         assert h.broker is not None
         h.broker.notify_with(notifier)
-        time.sleep(SETTLE_S)
         return h
 
-    yield make
-    for h in running:
-        h.stop()
+    return make
 
 
 def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    end = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > end:
-            raise AssertionError(f"not true within {timeout}s")
-        time.sleep(0.01)
 
 
 CARD: dict[str, Any] = {

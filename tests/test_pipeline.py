@@ -8,14 +8,12 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 import watchfiles
-from jsonschema import Draft202012Validator
 
 from broker import audit
 from broker.config import Limits
@@ -24,34 +22,14 @@ from broker.ledger import Ledger
 from broker.models import parse_iso
 from broker.testing import BrokerHarness, FakeHandler
 from broker.typing import JSON, Params
-from broker.validation import load_schema
 from effects.base import Context
-
-RESULT = Draft202012Validator(load_schema("result"))
-SETTLE_S = 0.15  # the watchfiles fallback watches a moment after `ready`
-
-Start = Callable[..., BrokerHarness]
-
-
-def checked(result: dict[str, Any]) -> dict[str, Any]:
-    """`result`, after asserting that it matches schemas/result.json."""
-    problems = [e.message for e in RESULT.iter_errors(result)]
-    assert not problems, f"result {result.get('id')} breaks schemas/result.json: {problems}"
-    return result
+from tests.support import Start, checked, eventually
 
 
 def stamp(result: dict[str, Any], key: str) -> datetime:
     moment = parse_iso(result[key])
     assert moment is not None, f"{key} is missing"
     return moment
-
-
-def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    end = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > end:
-            raise AssertionError(f"not true within {timeout}s: {check.__doc__ or check}")
-        time.sleep(0.01)
 
 
 def events(h: BrokerHarness) -> list[dict[str, Any]]:
@@ -69,23 +47,6 @@ def gate(effect: str = "test.record", **rule: Any) -> dict[str, Any]:
     """A policy with one approve rule for `effect`."""
     base = {"effect": effect, "action": "approve", "reason": "a person looks first"}
     return {"rules": [{**base, **rule}]}
-
-
-@pytest.fixture
-def start(tmp_path: Path) -> Iterator[Start]:
-    """Start a BrokerHarness (kwargs as BrokerHarness) that is stopped after the test."""
-    running: list[BrokerHarness] = []
-
-    def make(**kwargs: Any) -> BrokerHarness:
-        h = BrokerHarness(tmp_path / f"broker{len(running)}", **kwargs)
-        h.start()
-        running.append(h)
-        time.sleep(SETTLE_S)
-        return h
-
-    yield make
-    for h in running:
-        h.stop()
 
 
 class Boom(FakeHandler):

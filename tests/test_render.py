@@ -42,7 +42,7 @@ def rich_plain(markup: str) -> str:
         file=buffer,
         highlight=False,
         soft_wrap=True,
-        emoji=False,  # as broker.cli's consoles
+        emoji=False,  # as broker.cli.common's consoles
         force_terminal=True,
         color_system=None,
     )

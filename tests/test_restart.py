@@ -14,24 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jsonschema import Draft202012Validator
 
 from broker import audit
 from broker.ledger import Ledger
 from broker.marks import StartMarks
 from broker.models import iso, now, parse_iso
 from broker.testing import BrokerHarness, FakeHandler
-from broker.validation import load_schema
-
-RESULT = Draft202012Validator(load_schema("result"))
-SETTLE_S = 0.15  # the watchfiles fallback watches a moment after `ready`
-
-
-def checked(result: dict[str, Any]) -> dict[str, Any]:
-    """`result`, after asserting that it matches schemas/result.json."""
-    problems = [e.message for e in RESULT.iter_errors(result)]
-    assert not problems, f"result {result.get('id')} breaks schemas/result.json: {problems}"
-    return result
+from tests.support import SETTLE_S, checked
 
 
 def gate(effect: str, timeout: str = "1h", **when: str) -> dict[str, Any]:

@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import docker
@@ -14,6 +16,7 @@ import pexpect
 import pytest
 
 from broker import sandbox
+from tests.support import Hook, eventually
 
 BROKER = str(Path(sys.executable).parent / "broker")
 
@@ -177,3 +180,83 @@ def test_terminal_prompt_approves_a_gated_request(host: Path, engine: docker.Doc
     assert child.exitstatus == 0
     assert (host.parent / "exports" / "g.txt").read_text() == "two"
     assert containers(engine, "tty1") == []
+
+
+@contextmanager
+def running(
+    host: Path, engine: docker.DockerClient, log: Path, name: str, *command: str
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`broker run --name NAME -- COMMAND` in the background, its stderr into `log`; if
+    it is still running at the end, it is killed and its container removed."""
+    with log.open("wb") as stderr:
+        proc = subprocess.Popen(
+            [BROKER, "run", "--config", str(host), "--name", name, "--", *command],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+            with suppress(docker.errors.NotFound):
+                engine.containers.get(f"broker-{name}").remove(force=True)
+
+
+def test_sigterm_removes_the_container_as_ctrl_c_does(
+    host: Path, engine: docker.DockerClient, tmp_path: Path
+) -> None:
+    """SIGTERM (a service manager stopping the run) removes the container and exits 130."""
+    log = tmp_path / "run.log"
+    with running(host, engine, log, "term1", "sleep", "60") as proc:
+        eventually(lambda: "sandbox term1: running" in log.read_text() or proc.poll() is not None)
+        assert proc.poll() is None, log.read_text()
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    err = log.read_text()
+    assert proc.returncode == 130, err
+    assert "interrupted: the sandbox was removed" in err
+    assert "Traceback" not in err
+    assert containers(engine, "term1") == []
+
+
+def test_run_tells_the_notify_webhooks_and_the_person_told_decides(
+    host: Path, engine: docker.DockerClient, hook: Hook, tmp_path: Path
+) -> None:
+    """[notify] webhooks hear of a gated request in `broker run`, as in `serve`; the
+    person notified approves with the command the message gives, and the agent reads it."""
+    with host.open("a") as config:
+        config.write(f'[[notify.webhooks]]\nurl = "{hook.url("/pending")}"\n')
+    agent = (
+        "import outbox\n"
+        "outbox.request('files.write', {'path': 'n.txt', 'content': 'one'}, timeout=60)\n"
+        "r = outbox.request('files.write', {'path': 'n.txt', 'content': 'two', "
+        "'overwrite': True}, reason='update it', timeout=90)\n"
+        "print('AGENT', r['status'])\n"
+    )
+    log = tmp_path / "run.log"
+    with running(host, engine, log, "note1", "python3", "-c", agent) as proc:
+        eventually(lambda: bool(hook.calls("/pending")) or proc.poll() is not None, 90)
+        assert hook.calls("/pending"), log.read_text()
+        message = hook.calls("/pending")[0]["body"]
+        assert message["type"] == "approval.pending"
+        assert (message["sandbox"], message["effect"]) == ("note1", "files.write")
+        assert "an overwrite destroys the old file" in message["why"]
+        command = message["decide"]["approve"].split()  # broker approve SANDBOX/ID
+        decided = subprocess.run(
+            [BROKER, *command[1:], "--config", str(host)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert decided.returncode == 0, decided.stderr
+        proc.wait(90)
+    err = log.read_text()
+    assert proc.returncode == 0, err
+    assert "AGENT applied" in err
+    assert (host.parent / "exports" / "n.txt").read_text() == "two"
+    assert len(hook.calls("/pending")) == 1
+    assert containers(engine, "note1") == []

@@ -1,0 +1,101 @@
+"""`broker audit verify | tail | export`: the audit log, read and checked."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import UTC
+from typing import Annotated, Any
+
+import typer
+
+from broker import audit as audit_log
+from broker.cli.common import ConfigOpt, JsonOpt, StateOpt, config_only, fail, guarded, out
+from broker.render import terminal
+
+app = typer.Typer(help="Read and verify the audit log.", no_args_is_help=True)
+
+# shown on every line already, or of no use to a person reading the tail
+QUIET_KEYS = ("at", "event", "sandbox", "id", "effect", "prev", "hash", "seq", "sha256")
+
+
+@app.command("verify")
+def verify(config: ConfigOpt = None, state: StateOpt = None) -> None:
+    """Check the hash chain of the whole audit log; name the first broken line."""
+    from broker.ledger import Ledger
+
+    cfg = config_only(config, state)
+    path = cfg.audit_path
+    head = None
+    if cfg.ledger_path.exists():
+        ledger = guarded(lambda: Ledger(cfg.ledger_path))
+        head = ledger.audit_head()
+        ledger.close()
+    if not path.exists():
+        fail(f"no audit log at {path}: is --state (or the config's state_dir) right?", code=1)
+    count, fault = audit_log.verify(path, head)
+    if fault is not None:
+        fail(f"{path}: line {fault.line}: {fault.problem}", code=1)
+    out.print(f"{path}: ok, {count} event(s), chain intact")
+
+
+@app.command("tail")
+def tail(
+    lines: Annotated[int, typer.Option("-n", "--lines", help="how many events")] = 20,
+    config: ConfigOpt = None,
+    state: StateOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Show the last events of the audit log."""
+    path = config_only(config, state).audit_path
+    events = [e for _, e, _ in audit_log.read_events(path) if e is not None]
+    _print_events(events[-lines:] if lines > 0 else [], json_out)
+
+
+def _print_events(events: list[dict[str, Any]], json_out: bool) -> None:
+    for event in events:
+        if json_out:
+            sys.stdout.write(json.dumps(event) + "\n")  # ASCII: nothing hides in it
+            continue
+        detail = " ".join(f"{k}={v}" for k, v in event.items() if k not in QUIET_KEYS)
+        out.print(
+            f"{event.get('at', '?')} {terminal(str(event.get('event')))} "
+            f"{terminal(str(event.get('sandbox')))}/{terminal(str(event.get('id')))} "
+            f"{terminal(str(event.get('effect') or '-'))} {terminal(detail)}"
+        )
+
+
+@app.command("export")
+def export(
+    since: Annotated[
+        str | None, typer.Option(help="ISO time or duration ago (e.g. 2026-11-01, 24h)")
+    ] = None,
+    config: ConfigOpt = None,
+    state: StateOpt = None,
+) -> None:
+    """Write the audit events (JSON lines, with their hashes) since a time to stdout."""
+    path = config_only(config, state).audit_path
+    cutoff = _cutoff(since) if since else None
+    for _, event, _raw in audit_log.read_events(path):
+        if event is not None and (cutoff is None or str(event.get("at", "")) >= cutoff):
+            sys.stdout.write(json.dumps(event) + "\n")
+
+
+def _cutoff(since: str) -> str | None:
+    """--since as an ISO time: a duration ago, or a date/time (UTC when it names no zone)."""
+    from datetime import datetime, timedelta
+
+    from broker.clock import parse_duration
+    from broker.models import iso, now
+
+    try:
+        return iso(now() - timedelta(seconds=parse_duration(since)))
+    except (ValueError, OverflowError):
+        pass
+    try:
+        moment = datetime.fromisoformat(since.replace("Z", "+00:00"))
+    except ValueError:
+        fail(f"--since {since!r}: expected an ISO date/time or a duration like 24h")
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return iso(moment)

@@ -1,0 +1,113 @@
+"""What every command shares: the consoles, one-line errors, the common options, and
+loading the config, registry, policy, ledger and the person's name.
+
+Light on purpose: nothing here imports the pipeline, the web app or a handler's library.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+
+from broker.config import Config, load_config
+from broker.errors import BrokerError
+from broker.policy import Policy, load_policy
+from broker.registry import Registry, default_registry
+from broker.render import terminal
+
+if TYPE_CHECKING:
+    from broker.ledger import Ledger
+
+# no emoji codes: an agent's ":white_check_mark: approved" must print as written
+out = Console(highlight=False, soft_wrap=True, emoji=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config", help="broker.toml (default: $BROKER_CONFIG, else <state>/broker.toml)"
+    ),
+]
+StateOpt = Annotated[Path | None, typer.Option("--state", help="the state dir (ledger, audit log)")]
+PolicyOpt = Annotated[Path | None, typer.Option("--policy", help="the policy file (TOML)")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+
+T = TypeVar("T")
+
+
+def print_json(data: Any) -> None:
+    """JSON for scripts: ASCII only, so no control or bidi character reaches a terminal."""
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """One line on stderr, then exit `code`."""
+    err.print(f"[bold red]error:[/] {terminal(message)}")
+    raise typer.Exit(code)
+
+
+def guarded(fn: Callable[[], T]) -> T:
+    """Run `fn`; a BrokerError or OSError becomes one line on stderr and exit 2."""
+    try:
+        return fn()
+    except BrokerError as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
+
+
+def config_only(config: Path | None, state: Path | None) -> Config:
+    """broker.toml alone, for the commands that read the state dir."""
+    return guarded(lambda: load_config(config, state_dir=state))
+
+
+def assemble(
+    config: Path | None, state: Path | None, policy: Path | None
+) -> tuple[Config, Registry, Policy]:
+    """The config, the registry checked against it, and the policy; or one line."""
+
+    def build() -> tuple[Config, Registry, Policy]:
+        cfg = load_config(config, state_dir=state, policy=policy)
+        registry = default_registry()
+        registry.check_config(cfg.integrations, cfg.base_dir)
+        return cfg, registry, load_policy(cfg.policy_path, registry.reversibility())
+
+    return guarded(build)
+
+
+def open_ledger(cfg: Config) -> Ledger:
+    """The state dir's ledger; one line when no broker has made one there yet."""
+    from broker.ledger import Ledger
+
+    if not cfg.ledger_path.exists():
+        fail(f"no ledger at {cfg.ledger_path}: has a broker run with this state dir?")
+    return guarded(lambda: Ledger(cfg.ledger_path))
+
+
+def identity(as_: str | None, cfg: Config) -> str:
+    """Who decides: the OS user, or `--as NAME` where the host allows it."""
+    import getpass
+
+    if as_ is not None:
+        if not cfg.allow_as:
+            fail("--as is not allowed on this host (set allow_as = true under [broker])")
+        return as_
+    return getpass.getuser()
+
+
+def age(seconds: float | None) -> str:
+    """A duration as people read it in a table: 42s, 3m07s, 2h05m."""
+    if seconds is None:
+        return "-"
+    seconds = max(0, int(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"

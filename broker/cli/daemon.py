@@ -1,0 +1,135 @@
+"""The one start of the commands that serve, `broker serve` and `broker run`.
+
+    with daemon(args) as d:                  # logging, config, registry, policy, notifier
+        ...                                  # the command's own checks; build what serves
+        d.start(wake=broker.wake, banner=…)  # signals, the web inbox, what serves
+        ...                                  # serve until stopped
+                                             # leaving: the web inbox stops
+
+Every fault on the way is one line on stderr and exit 2, before anything is served.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from broker.cli.common import assemble, err, guarded
+from broker.config import Config
+from broker.policy import Policy
+from broker.registry import Registry
+
+if TYPE_CHECKING:
+    from broker.notify import Notifier
+    from broker.web.server import WebServer
+
+ListenOpt = Annotated[
+    str | None,
+    typer.Option(help="also serve the web inbox and /api/v1 on HOST:PORT (e.g. 127.0.0.1:8700)"),
+]
+InsecureOpt = Annotated[
+    bool, typer.Option("--insecure-listen", help="allow --listen beyond loopback without TLS")
+]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v")]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DaemonArgs:
+    """The options `serve` and `run` share."""
+
+    config: Path | None
+    state: Path | None
+    policy: Path | None
+    listen: str | None
+    insecure_listen: bool
+    verbose: bool
+
+
+@dataclass
+class Daemon:
+    """What a serving command runs with; `stop` is set by SIGINT or SIGTERM."""
+
+    args: DaemonArgs
+    cfg: Config
+    registry: Registry
+    policy: Policy
+    notifier: Notifier | None
+    stop: threading.Event = field(default_factory=threading.Event)
+    web: WebServer | None = None
+
+    def start(
+        self,
+        *,
+        wake: Callable[[], None] | None = None,
+        interrupt: bool = False,
+        banner: str | None = None,
+    ) -> None:
+        """Take SIGINT and SIGTERM, start the web inbox when asked for, say what serves.
+
+        A signal sets `stop` and calls `wake`; with `interrupt` it also raises
+        KeyboardInterrupt in the main thread, for a command whose main thread waits on
+        something other than `stop` (`run` waits on its container).
+        """
+        _on_signals(self.stop, wake, interrupt)
+        self.web = guarded(lambda: _start_web(self))
+        if banner is not None:
+            err.print(banner)
+        if self.web is not None:
+            err.print(f"broker: web inbox on {self.web.url}")
+
+
+@contextmanager
+def daemon(args: DaemonArgs, *, quiet: bool = False) -> Iterator[Daemon]:
+    """Logging (warnings only when `quiet`, unless --verbose), the config, registry,
+    policy and notifier; on the way out, the web inbox stops."""
+    _logging(args.verbose, quiet)
+    cfg, registry, pol = assemble(args.config, args.state, args.policy)
+    d = Daemon(args, cfg, registry, pol, guarded(lambda: notifier_for(cfg)))
+    try:
+        yield d
+    finally:
+        if d.web is not None:
+            d.web.stop()
+
+
+def notifier_for(cfg: Config) -> Notifier | None:
+    """What [notify] asks for (webhooks, Slack); None when it asks for nothing."""
+    from broker.notify import notifier_from
+
+    return notifier_from(cfg)
+
+
+def _start_web(d: Daemon) -> WebServer | None:
+    from broker.web.server import start_web  # fastapi and uvicorn: only when serving
+
+    return start_web(d.cfg, d.registry, d.args.listen, insecure=d.args.insecure_listen)
+
+
+def _logging(verbose: bool, quiet: bool) -> None:
+    level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    logging.getLogger().setLevel(level)
+    logging.getLogger("watchfiles").setLevel(logging.WARNING)
+
+
+def _on_signals(stop: threading.Event, wake: Callable[[], None] | None, interrupt: bool) -> None:
+    def handler(signum: int, frame: Any) -> None:
+        stop.set()
+        if wake is not None:
+            wake()
+        if interrupt:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)

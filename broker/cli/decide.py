@@ -1,0 +1,213 @@
+"""What a person does about requests: `pending`, `show`, `approve`, `deny`, and for
+applied or `unknown` ones `undo` and `reconcile`.
+
+Each runs beside a serving broker (or none): it reads and writes the state dir's
+ledger and audit log, then nudges the broker.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from broker.cli.common import (
+    ConfigOpt,
+    JsonOpt,
+    StateOpt,
+    age,
+    assemble,
+    config_only,
+    fail,
+    guarded,
+    identity,
+    open_ledger,
+    out,
+    print_json,
+)
+from broker.cli.prompt import print_card
+from broker.registry import default_registry
+from broker.render import neutralize, terminal
+
+RefArg = Annotated[str, typer.Argument(help="the request's id, or SANDBOX/ID")]
+ShaOpt = Annotated[
+    str | None, typer.Option("--sha256", help="the request sha256 you saw (at least 12 hex digits)")
+]
+AsOpt = Annotated[str | None, typer.Option("--as", help="decide as this name (if allow_as)")]
+
+
+def pending(json_out: JsonOpt = False, config: ConfigOpt = None, state: StateOpt = None) -> None:
+    """What waits for a person, oldest first."""
+    from broker.approval import card
+    from broker.models import now, parse_iso
+
+    ledger = open_ledger(config_only(config, state))
+    rows = []
+    for record in ledger.in_states(["pending"]):
+        c = card(ledger, record)
+        received = parse_iso(record.received_at)
+        c["age_s"] = round((now() - received).total_seconds(), 1) if received else None
+        rows.append(c)
+    if json_out:
+        print_json(rows)
+    elif not rows:
+        out.print("nothing waits for a decision")
+    else:
+        out.print(_pending_table(rows))
+
+
+def _pending_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table("effect", "what", "age", "time left", "then", "approvals")
+    # the ref is what people copy into `broker approve`: never cut it
+    table.add_column("ref", no_wrap=True, min_width=max(len(c["ref"]) for c in rows))
+    table.columns.insert(0, table.columns.pop())
+    for c in rows:
+        left = c["if_nobody_answers"]["seconds_left"]
+        table.add_row(
+            terminal(c["ref"]),
+            terminal(c["effect"] or "-"),
+            terminal(c["what"]["title"])[:80],
+            age(c["age_s"]),
+            age(left),
+            c["if_nobody_answers"]["on_timeout"] or "-",
+            f"{len(c['approvals']['have'])}/{c['approvals']['needed']}",
+        )
+    return table
+
+
+def show(
+    ref: RefArg, json_out: JsonOpt = False, config: ConfigOpt = None, state: StateOpt = None
+) -> None:
+    """The approval card of one request: what, where, why it stopped, what happens next."""
+    from broker.approval import card
+
+    ledger = open_ledger(config_only(config, state))
+    record = guarded(lambda: ledger.find(ref))
+    registry = guarded(default_registry)
+    c = card(ledger, record, registry)
+    if json_out:
+        print_json(c)
+        return
+    print_card(c)
+
+
+def approve(
+    ref: RefArg,
+    reason: Annotated[str | None, typer.Option(help="why; shown to the agent")] = None,
+    as_: AsOpt = None,
+    sha256: ShaOpt = None,
+    config: ConfigOpt = None,
+    state: StateOpt = None,
+) -> None:
+    """Approve a pending request (one of its approvals, under a quorum rule)."""
+    _decide(ref, "approve", reason, as_, sha256, config, state)
+
+
+def deny(
+    ref: RefArg,
+    reason: Annotated[str, typer.Option(help="why, and what to do instead: the agent reads it")],
+    as_: AsOpt = None,
+    sha256: ShaOpt = None,
+    config: ConfigOpt = None,
+    state: StateOpt = None,
+) -> None:
+    """Deny a pending request; the reason goes back to the agent."""
+    _decide(ref, "deny", reason, as_, sha256, config, state)
+
+
+def _decide(
+    ref: str,
+    verdict: str,
+    reason: str | None,
+    as_: str | None,
+    sha256: str | None,
+    config: Path | None,
+    state: Path | None,
+) -> None:
+    from broker.approval import decide_and_wake
+
+    cfg = config_only(config, state)
+    ledger = open_ledger(cfg)
+    who = identity(as_, cfg)
+    result = guarded(
+        lambda: decide_and_wake(
+            cfg, ledger, ref, verdict, approver=who, reason=reason, surface="cli", sha256=sha256
+        )
+    )
+    ref_text = terminal(f"{result.record.sandbox}/{result.record.id}")
+    if not result.settled:
+        out.print(
+            f"{ref_text}: approval {result.approvals} of {result.needed} recorded; waiting for more"
+        )
+    elif verdict == "approve":
+        by = terminal(str(result.record.decided_by))
+        out.print(f"{ref_text}: approved by {by}; the broker applies it")
+    else:
+        out.print(f"{ref_text}: denied; the agent reads: {terminal(str(result.record.reason))}")
+
+
+def undo(
+    ref: RefArg,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")] = False,
+    as_: AsOpt = None,
+    config: ConfigOpt = None,
+    state: StateOpt = None,
+) -> None:
+    """Reverse an applied effect, when its handler can; shows what it will do first."""
+    from broker import undo as undo_mod
+    from broker.audit import AuditLog, flush
+
+    cfg, registry, _ = assemble(config, state, None)
+    ledger = open_ledger(cfg)
+    chosen = guarded(lambda: undo_mod.plan(ledger, registry, cfg, ref))
+    preview = chosen.preview
+    out.print(f"[bold]UNDO[/] {terminal(preview.title)}")
+    out.print(f"[bold]WHERE[/] {terminal(preview.target)}")
+    for key, value in preview.facts:
+        out.print(f"      {terminal(key)}: {terminal(value)}")
+    if preview.body:
+        out.print(neutralize(preview.body, keep_newlines=True), markup=False)
+    if not yes:
+        _confirm_undo()
+    who = identity(as_, cfg)
+    record = guarded(lambda: undo_mod.execute(ledger, cfg, chosen, who))
+    guarded(lambda: flush(ledger, AuditLog(cfg.audit_path)))
+    if record.state != "applied":
+        fail(f"undo failed: {record.reason}", code=1)
+    out.print(f"undone: {terminal(ref)} (recorded as {record.sandbox}/{terminal(record.id)})")
+
+
+def _confirm_undo() -> None:
+    if not sys.stdin.isatty():
+        fail("confirm with --yes when not at a terminal")
+    if not typer.confirm("apply this undo?", default=False):
+        fail("not undone", code=1)
+
+
+def reconcile(
+    ref: RefArg,
+    applied: Annotated[
+        bool | None,
+        typer.Option("--applied/--not-applied", help="what you found at the service"),
+    ] = None,
+    reason: Annotated[str | None, typer.Option(help="how you checked")] = None,
+    as_: AsOpt = None,
+    config: ConfigOpt = None,
+    state: StateOpt = None,
+) -> None:
+    """Settle a request that ended `unknown`: say whether the effect happened."""
+    from broker import undo as undo_mod
+    from broker.audit import AuditLog, flush
+
+    if applied is None:
+        fail("say what you found: --applied or --not-applied")
+    cfg = config_only(config, state)
+    ledger = open_ledger(cfg)
+    who = identity(as_, cfg)
+    record = guarded(lambda: undo_mod.reconcile(ledger, ref, bool(applied), who, reason))
+    guarded(lambda: flush(ledger, AuditLog(cfg.audit_path)))
+    found = "applied" if applied else "not applied"
+    out.print(f"{terminal(record.sandbox)}/{terminal(record.id)}: recorded as {found} by {who}")

@@ -1,0 +1,141 @@
+"""The approval card on a terminal (`broker show`), and the prompt `broker run` puts to
+the person at its terminal for each gated request."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import TYPE_CHECKING, Any
+
+from broker.cli.common import age, identity, out
+from broker.config import Config
+from broker.errors import BrokerError
+from broker.registry import Registry
+from broker.render import neutralize, terminal
+
+if TYPE_CHECKING:
+    from broker.ledger import Ledger, Record
+
+QUESTION = "approve? [a]pprove, [d]eny, [s]kip (decide elsewhere): "
+VERDICTS = {"a": "approve", "d": "deny"}
+
+
+def print_card(c: dict[str, Any]) -> None:
+    """The approval card, readable in five seconds; every untrusted string neutralised."""
+    what = c["what"]
+    status = terminal(f"[{c['status']}]")
+    out.rule(f"[bold]{terminal(c['ref'])}[/]  {terminal(c['effect'] or '')}  {status}")
+    out.print(f"[bold]WHAT[/]   {terminal(what['title'])}")
+    out.print(f"[bold]WHERE[/]  {terminal(c['where'] or '')}")
+    for key, value in what["facts"]:
+        out.print(f"         {terminal(str(key))}: {terminal(str(value))}")
+    _print_body(what)
+    why = c["why"]
+    out.print(
+        f"[bold]WHY IT STOPPED[/]  {terminal(str(why['rule']))}: {terminal(str(why['reason']))}"
+    )
+    t = c["if_nobody_answers"]
+    then = {"deny": "it is denied (fails closed)", "approve": "it is applied"}.get(
+        t["on_timeout"] or "", "-"
+    )
+    if c["status"] == "pending":
+        left = age(t["seconds_left"])
+        out.print(f"[bold]IF NOBODY ANSWERS[/]  by {t['expires_at']} (in {left}), {then}")
+    if c["agent_reason"]:
+        said = terminal(c["agent_reason"])
+        out.print(f"[bold]THE AGENT SAYS[/] [dim](its words, not verified)[/]: {said}")
+    _print_decisions(c)
+
+
+def _print_body(what: dict[str, Any]) -> None:
+    """The exact content (diff, JSON, text), neutralised, in a panel."""
+    from rich.panel import Panel
+    from rich.syntax import Syntax
+
+    body = neutralize(what["body"] or "", keep_newlines=True)
+    if body:
+        lexer = {"diff": "diff", "json": "json"}.get(what["body_kind"], "text")
+        out.print(
+            Panel(Syntax(body, lexer, word_wrap=True, theme="ansi_dark"), title="exact content")
+        )
+
+
+def _print_decisions(c: dict[str, Any]) -> None:
+    """Flags, approvals so far, the outcome and each decision; then the sha256 to quote."""
+    flags = f"reversible: {_yn(c['reversible'])}, idempotent: {_yn(c['idempotent'])}"
+    out.print(f"[bold]FLAGS[/]  {flags}; undo: {terminal(c['undo'] or '-')}")
+    ap = c["approvals"]
+    have = ", ".join(ap["have"]) or "none yet"
+    out.print(f"[bold]APPROVALS[/]  {len(ap['have'])} of {ap['needed']} ({terminal(have)})")
+    if c["status"] != "pending":
+        out.print(f"[bold]OUTCOME[/]  {terminal(c['reason'] or '')}")
+    for d in c["decisions"]:
+        said = f": {terminal(d['reason'])}" if d["reason"] else ""
+        out.print(
+            f"[bold]DECISION[/]  {d['at']} {terminal(d['approver'])} {d['verdict']} "
+            f"via {d['surface']}{said}"
+        )
+    out.print(f"[dim]request sha256 {c['request_sha256']}[/]")
+
+
+def _yn(flag: bool | None) -> str:
+    return "?" if flag is None else ("yes" if flag else "no")
+
+
+class Prompt:
+    """Asks the person at the terminal about each gated request, one at a time, on its
+    own thread: the broker keeps serving meanwhile; unanswered requests wait for other
+    surfaces (`broker approve`, the inbox) or their deadline."""
+
+    def __init__(self, cfg: Config, registry: Registry) -> None:
+        self.cfg = cfg
+        self.registry = registry
+        self.queue: queue.Queue[Record] = queue.Queue()
+        threading.Thread(target=self._run, name="broker-prompt", daemon=True).start()
+
+    def __call__(self, record: Record) -> None:
+        """Called by the broker when a request starts waiting; never blocks it."""
+        self.queue.put(record)
+
+    def _run(self) -> None:
+        from broker.ledger import Ledger
+
+        ledger = Ledger(self.cfg.ledger_path)
+        asked: set[tuple[str, str]] = set()
+        while True:
+            record = self.queue.get()
+            if record.key in asked:
+                continue
+            asked.add(record.key)
+            current = ledger.get(*record.key)
+            if current is None or current.state != "pending":
+                continue
+            try:
+                self._ask(ledger, current)
+            except EOFError:  # the terminal is gone: the rest wait for other surfaces
+                return
+
+    def _ask(self, ledger: Ledger, current: Record) -> None:
+        """Show the card, read a verdict and a reason, and record them."""
+        from broker.approval import card, decide_and_wake
+
+        print_card(card(ledger, current, self.registry))
+        verdict = VERDICTS.get(input(QUESTION).strip().lower()[:1])
+        if verdict is None:
+            out.print("skipped: it waits for `broker approve`/`broker deny` or its deadline")
+            return
+        reason = input("reason (the agent reads it): ").strip() or None
+        try:
+            decide_and_wake(
+                self.cfg,
+                ledger,
+                f"{current.sandbox}/{current.id}",
+                verdict,
+                approver=identity(None, self.cfg),
+                reason=reason,
+                surface="prompt",
+                sha256=current.sha256,
+            )
+            out.print(f"{verdict}d" if verdict == "approve" else "denied")
+        except BrokerError as exc:
+            out.print(f"[red]not recorded:[/] {terminal(str(exc))}")

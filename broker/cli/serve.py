@@ -1,0 +1,141 @@
+"""`broker serve` (outboxes until stopped) and `broker run` (one sandbox until it exits),
+both started by broker.cli.daemon."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from broker.cli.common import ConfigOpt, PolicyOpt, StateOpt, err, fail, guarded
+from broker.cli.daemon import Daemon, DaemonArgs, InsecureOpt, ListenOpt, VerboseOpt, daemon
+from broker.render import terminal
+
+if TYPE_CHECKING:
+    from broker.pipeline import Broker
+
+# `broker run -- CMD ARGS`: everything after the options is the sandbox's command
+RUN_SETTINGS: dict[str, Any] = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+def serve(
+    outbox: Annotated[Path | None, typer.Option(help="an outbox to serve (attach mode)")] = None,
+    results: Annotated[Path | None, typer.Option(help="where its results go (attach mode)")] = None,
+    sandbox: Annotated[str, typer.Option(help="the sandbox id for --outbox")] = "default",
+    claim: Annotated[
+        Path | None,
+        typer.Option(
+            help="with --outbox: the broker's private claim dir, on the outbox's file system "
+            "and out of the sandbox's sight (default: <state>/claimed/<sandbox>)"
+        ),
+    ] = None,
+    root: Annotated[
+        Path | None,
+        typer.Option(help="serve every <root>/sandboxes/<id>/outbox (default root: the state dir)"),
+    ] = None,
+    config: ConfigOpt = None,
+    state: StateOpt = None,
+    policy: PolicyOpt = None,
+    listen: ListenOpt = None,
+    insecure_listen: InsecureOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Watch outboxes and answer every request until stopped (Ctrl-C)."""
+    args = DaemonArgs(
+        config=config,
+        state=state,
+        policy=policy,
+        listen=listen,
+        insecure_listen=insecure_listen,
+        verbose=verbose,
+    )
+    with daemon(args) as d:
+        if (outbox is None) != (results is None):
+            fail("--outbox and --results go together")
+        if claim is not None and outbox is None:
+            fail("--claim goes with --outbox")
+        broker = guarded(lambda: _broker(d, outbox, results, sandbox, root, claim))
+        served = ", ".join(sorted(broker.outboxes)) or "none yet"
+        d.start(
+            wake=broker.wake,
+            banner=f"broker: serving sandboxes: {terminal(served)}; "
+            f"state in {d.cfg.state_dir}; Ctrl-C stops",
+        )
+        guarded(lambda: broker.serve(d.stop))
+
+
+def _broker(
+    d: Daemon,
+    outbox: Path | None,
+    results: Path | None,
+    sandbox: str,
+    root: Path | None,
+    claim: Path | None,
+) -> Broker:
+    """A broker on the attach-mode outbox and/or the sandboxes under the root."""
+    from broker.notify import attach as notify
+    from broker.outbox import attach
+    from broker.pipeline import Broker
+
+    broker = Broker(d.cfg, d.registry, d.policy)
+    if outbox is not None and results is not None:
+        broker.add(attach(sandbox, outbox, results, d.cfg.state_dir, claim))
+    if root is not None or outbox is None:
+        broker.serve_root((root or d.cfg.state_dir) / "sandboxes")
+    notify(broker, d.cfg, d.notifier)  # webhooks and Slack, as [notify] says
+    return broker
+
+
+def run(
+    ctx: typer.Context,
+    image: Annotated[str | None, typer.Option(help="the agent image (default: built-in)")] = None,
+    name: Annotated[str | None, typer.Option(help="the sandbox id (default: random)")] = None,
+    workspace: Annotated[
+        Path | None, typer.Option(help="a directory mounted read-write at /workspace")
+    ] = None,
+    detach: Annotated[bool, typer.Option(help="start and leave it to `broker serve`")] = False,
+    config: ConfigOpt = None,
+    state: StateOpt = None,
+    policy: PolicyOpt = None,
+    listen: ListenOpt = None,
+    insecure_listen: InsecureOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Run CMD in a new sandbox and serve its outbox until it exits: broker run -- CMD ARGS."""
+    from broker.cli.prompt import Prompt
+    from broker.runner import RunOptions
+    from broker.runner import run as run_sandbox
+
+    command = list(ctx.args)
+    if not command:
+        fail("give the command to run after --, e.g. broker run -- python3 agent.py")
+    args = DaemonArgs(
+        config=config,
+        state=state,
+        policy=policy,
+        listen=listen,
+        insecure_listen=insecure_listen,
+        verbose=verbose,
+    )
+    with daemon(args, quiet=True) as d:
+        if workspace is not None and not workspace.is_dir():
+            fail(f"--workspace {workspace}: not a directory")
+        options = RunOptions(
+            command=command,
+            image=image,
+            name=name,
+            workspace=workspace.absolute() if workspace else None,
+            detach=detach,
+            on_pending=Prompt(d.cfg, d.registry) if sys.stdin.isatty() and not detach else None,
+            notifier=d.notifier,
+            say=lambda text: err.print(terminal(text), highlight=False),
+        )
+        d.start(interrupt=True)
+        try:
+            code = guarded(lambda: run_sandbox(d.cfg, d.registry, d.policy, options))
+        except KeyboardInterrupt:
+            err.print("interrupted: the sandbox was removed")
+            raise typer.Exit(130) from None
+    raise typer.Exit(code)

@@ -1,0 +1,152 @@
+"""`broker serve` and `broker run` start the same way (broker.cli.daemon): the same fault
+gives both the same one line before anything is served, and a signal stops serve and
+the web inbox it started."""
+
+from __future__ import annotations
+
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support import BROKER, assert_one_line_error, clean_env, run_broker
+
+# name → (extra options, broker.toml, policy file or None, words the line must hold)
+FAULTS: dict[str, tuple[list[str], str, str | None, list[str]]] = {
+    "listen-beyond-loopback": (["--listen", "0.0.0.0:0"], "", None, ["not a loopback address"]),
+    "listen-not-host-port": (["--listen", "8700"], "", None, ["expected HOST:PORT"]),
+    "listen-port-taken": (["--listen", "127.0.0.1:{busy}"], "", None, ["cannot listen"]),
+    "notify-not-http": (
+        [],
+        '[[notify.webhooks]]\nurl = "ftp://127.0.0.1/x"\n',
+        None,
+        ["notify.webhooks[0].url", "http(s)"],
+    ),
+    "notify-unknown-key": ([], "[notify]\nwebhook = 1\n", None, ["notify.webhook"]),
+    "policy-bad-key": (
+        [],
+        "",
+        '[[rules]]\neffect = "a.b"\naction = "auto"\napprovals = 2\n',
+        ["rules[0].approvals"],
+    ),
+}
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A loopback port something is already listening on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        yield int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_serve_and_run_refuse_the_same_fault_with_the_same_line(
+    home: Path, tmp_path: Path, busy_port: int, fault: str
+) -> None:
+    """A bad --listen, [notify] or policy stops serve and run alike: one line, nothing served."""
+    options, toml, policy, words = FAULTS[fault]
+    config = tmp_path / "broker.toml"
+    config.write_text(f'[broker]\nstate_dir = "state"\n{toml}')
+    args = ["--config", str(config), *(o.format(busy=busy_port) for o in options)]
+    if policy is not None:
+        (tmp_path / "policy.toml").write_text(policy)
+        args += ["--policy", str(tmp_path / "policy.toml")]
+    served = run_broker("serve", *args, home=home)
+    ran = run_broker("run", *args, "--name", "never", "--", "true", home=home)
+    line = assert_one_line_error(served, *words)
+    assert assert_one_line_error(ran, *words) == line
+    assert line.startswith("error: ")
+    assert (served.returncode, ran.returncode) == (2, 2)
+    assert not (tmp_path / "state" / "sandboxes" / "never").exists(), "run made a sandbox"
+
+
+class Serving:
+    """A `broker serve` process, its stderr read line by line on a thread."""
+
+    def __init__(self, home: Path, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [str(BROKER), "serve", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=clean_env(home),
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.put(line)
+
+    def line_with(self, words: str, timeout: float = 30) -> str:
+        """The first stderr line holding `words` (every line read is kept in `seen`)."""
+        while True:
+            try:
+                line = self.lines.get(timeout=timeout)
+            except queue.Empty:
+                raise AssertionError(f"no line with {words!r}; saw {self.seen}") from None
+            self.seen.append(line)
+            if words in line:
+                return line.strip()
+
+    def stop(self, signum: int) -> int:
+        """Send `signum`; the exit code, once stderr is read to its end into `seen`."""
+        self.proc.send_signal(signum)
+        code = self.proc.wait(30)
+        self.reader.join(10)
+        while not self.lines.empty():
+            self.seen.append(self.lines.get())
+        return code
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.reader.join(10)
+        assert self.proc.stderr is not None
+        self.proc.stderr.close()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_serve_and_its_web_inbox(home: Path, tmp_path: Path, signum: int) -> None:
+    """serve says what it serves, then where the inbox is; a signal ends both, exit 0."""
+    state = tmp_path / "state"
+    serving = Serving(home, "--state", str(state), "--listen", "127.0.0.1:0")
+    try:
+        banner = serving.line_with("broker: serving sandboxes")
+        url = serving.line_with("broker: web inbox on ").rsplit(" ", 1)[1]
+        assert banner == f"broker: serving sandboxes: none yet; state in {state}; Ctrl-C stops"
+        assert url.startswith("http://127.0.0.1:")
+        assert httpx.get(url, timeout=10).status_code < 500
+        code = serving.stop(signum)
+    finally:
+        serving.close()
+    assert code == 0, serving.seen
+    assert "Traceback" not in "".join(serving.seen)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url, timeout=5)
+
+
+def test_importing_the_cli_loads_no_heavy_library() -> None:
+    """`import broker.cli` (every --help, every one-line error) loads no web, cloud or
+    Docker library and not the pipeline: those are imported by the commands using them."""
+    heavy = ["fastapi", "uvicorn", "starlette", "boto3", "botocore", "github", "docker", "httpx"]
+    heavy += ["broker.pipeline", "broker.web.server", "broker.notify", "broker.runner"]
+    code = f"import sys, broker.cli; print([m for m in {heavy!r} if m in sys.modules])"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert proc.stdout.strip() == "[]"
