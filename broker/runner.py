@@ -95,9 +95,9 @@ def run(config: Config, registry: Registry, policy: Policy, options: RunOptions)
     broker = Broker(config, registry, policy)
     broker.add(from_layout(config.sandboxes_dir, sandbox_id))
     if options.notifier is not None:
-        from broker.notify import attach as notify
+        from broker.notify import attach as attach_notifier
 
-        notify(broker, config, options.notifier)
+        attach_notifier(broker, config, options.notifier)
     if options.on_pending is not None:
         notify = options.on_pending
         broker.on_change.append(
