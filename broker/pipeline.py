@@ -98,6 +98,7 @@ class Broker:
         self.handover = Handover(self.served, config.sandboxes_dir)
         self.on_change.append(self.handover.tell)
         self._control_server: ControlServer | None = None
+        self._closing = False
 
     @property
     def outboxes(self) -> dict[str, Outbox]:
@@ -230,6 +231,7 @@ class Broker:
         if self._watcher is not None:
             self._watcher.stop()
             self._watcher = None
+        self._closing = True  # what is still to apply or assess waits for the next start
         self.assessments.shutdown()
         self._workers.shutdown(wait=True)
         while items := self._take(0):  # applies that finished during shutdown
@@ -359,7 +361,8 @@ class Broker:
         for record in batch.apply:
             self._submit(record)
         for record in batch.assess:
-            self.assessments.submit(record)
+            if not self._closing:
+                self.assessments.submit(record)
 
     def _mark_synced(self) -> None:
         written = self.answers.take_written()
@@ -381,7 +384,7 @@ class Broker:
     # -- applying -----------------------------------------------------------------------
 
     def _submit(self, record: Record) -> None:
-        if record.key in self._in_flight:
+        if record.key in self._in_flight or self._closing:
             return
         self._in_flight.add(record.key)
         effect = self.registry.effect(record.effect or "")
