@@ -26,7 +26,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from broker import attachments, intake, results
+from broker import attachments, catalogue, intake, results, serving
 from broker.audit import AuditLog
 from broker.audit import event as audit_event
 from broker.config import Config
@@ -102,6 +102,7 @@ class Broker:
         self._queued: set[tuple[str, str]] = set()
         self.on_change: list[Callable[[Record], None]] = []
         self.notifier: Notifier | None = None
+        self.catalogue = catalogue.render(registry, policy)  # published into each results dir
 
     def notify_with(self, notifier: Notifier) -> None:
         """Tell people through `notifier` whenever a request starts waiting."""
@@ -120,6 +121,7 @@ class Broker:
     def add(self, box: Outbox) -> None:
         self.outboxes[box.sandbox] = box
         self._by_dir[str(box.outbox)] = box
+        catalogue.publish(box.results_fd, self.catalogue, box.sandbox)
         self._rewatch()
 
     def serve_root(self, sandboxes_dir: Path) -> None:
@@ -136,6 +138,7 @@ class Broker:
                     box = from_layout(root, sandbox)
                     self.outboxes[sandbox] = box
                     self._by_dir[str(box.outbox)] = box
+                    catalogue.publish(box.results_fd, self.catalogue, sandbox)
                     added.append(box)
         if added:
             self._rewatch()
@@ -160,6 +163,10 @@ class Broker:
         drain: bool = False,
     ) -> None:
         """Recover, scan, then process events until `stop` is set (then drain, if asked)."""
+        with serving.holding(self.config.state_dir):
+            self._serve(stop, ready, drain)
+
+    def _serve(self, stop: threading.Event, ready: Callable[[], None] | None, drain: bool) -> None:
         self.recover()
         self._watcher = Watcher(self.events)
         self._rewatch()
