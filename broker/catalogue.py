@@ -141,7 +141,7 @@ def _varies(handler: EffectHandler) -> bool:
 
 def _summary(rules: list[dict[str, Any]]) -> str:
     """One line an agent can read: what happens to a request, case by case."""
-    parts = []
+    parts: list[str] = []
     for rule in rules:
         when = rule["when"]
         if "reversible" in when and rule["rule"] == "default":

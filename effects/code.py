@@ -52,12 +52,8 @@ class CodeExecute(Handler):
         body = code
         context = list(params.get("context") or [])
         if context:
-            said = "\n".join(
-                f"[{m['source']}] {str(m['content']).strip()}" for m in context
-            )
-            body += (
-                "\n\n--- the conversation so far (the agents' words, not checked) ---\n" + said
-            )
+            said = "\n".join(f"[{m['source']}] {str(m['content']).strip()}" for m in context)
+            body += "\n\n--- the conversation so far (the agents' words, not checked) ---\n" + said
         return Preview(
             title=f"run {len(blocks)} code block(s) ({languages}, {lines} lines) in sandbox "
             f"{ctx.sandbox}",
