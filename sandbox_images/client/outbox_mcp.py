@@ -102,7 +102,10 @@ class Server:
             self._error(rid, INVALID_REQUEST, 'Invalid Request: expected "jsonrpc": "2.0"')
             return
         if method is None:
-            return  # a response: this server sends no requests, so there is nothing to match
+            if "result" in message or "error" in message:
+                return  # a response: this server sends no requests, so nothing to match
+            self._error(rid, INVALID_REQUEST, "Invalid Request: a request needs a method")
+            return
         if not isinstance(method, str):
             self._error(rid, INVALID_REQUEST, "Invalid Request: method must be a string")
             return
