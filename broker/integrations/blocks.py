@@ -164,8 +164,8 @@ class Container:
             stream: Any = api.exec_start(exec_id, socket=True)
         except docker.errors.DockerException as exc:
             raise SandboxError(f"cannot run a block in the sandbox: {exc}") from exc
+        raw = getattr(stream, "_sock", None)
         try:
-            raw = getattr(stream, "_sock", None)
             if not isinstance(raw, socket.socket):
                 raise SandboxError("blocks need the Docker engine on a unix or TCP socket")
             raw.sendall(code.encode("utf-8"))
@@ -177,6 +177,8 @@ class Container:
             raise SandboxError(f"lost the block's output: {exc}") from exc
         finally:
             stream.close()
+            if isinstance(raw, socket.socket):
+                raw.close()  # closing the stream leaves the socket open
         return Run(self._exit_code(exec_id), output.text())
 
     def kill(self, token: str) -> None:
@@ -189,7 +191,11 @@ class Container:
             raise SandboxError(f"cannot stop the block: {exc}") from exc
 
     def remove(self) -> None:
-        sandbox.remove(self._container)
+        """Remove the container (every block with it) and close the engine connection."""
+        try:
+            sandbox.remove(self._container)
+        finally:
+            self._client.close()
 
     def _exit_code(self, exec_id: str) -> int:
         for _ in range(200):  # the stream ends a moment before docker records the exit

@@ -69,10 +69,8 @@ class Host:
         raise AssertionError(f"no pending {effect} request within 60s")
 
     def audit(self) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = json.loads(
-            self.cli("audit", "tail", "-n", "500", "--json").stdout
-        )
-        return events
+        lines = self.cli("audit", "tail", "-n", "500", "--json").stdout.splitlines()
+        return [json.loads(line) for line in lines if line.strip()]
 
 
 @pytest.fixture
