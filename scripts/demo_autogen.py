@@ -27,7 +27,8 @@ REPORT = """\
 import os, outbox
 rows = [("alpha", 3), ("beta", 5), ("gamma", 8)]
 total = sum(n for _, n in rows)
-text = "# Weekly counts\\n\\n" + "".join(f"- {k}: {n}\\n" for k, n in rows) + f"\\ntotal: {total}\\n"
+lines = "".join(f"- {k}: {n}\\n" for k, n in rows)
+text = f"# Weekly counts\\n\\n{lines}\\ntotal: {total}\\n"
 print("network interfaces here:", os.listdir("/sys/class/net"))
 answer = outbox.request("files.write", {"path": "report.md", "content": text},
                         reason="the weekly report the user asked for")

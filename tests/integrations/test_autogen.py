@@ -155,11 +155,12 @@ def test_nobody_deciding_in_time_is_a_denial(host: Host, agent_image: str) -> No
         async with SandboxCodeExecutor(host.config) as executor:
             assert executor._served is not None and executor._served.own_broker
             result = await run_agent(
-                agent(executor, fenced("print('hi')\n"), "Nobody answered."), "say hi"
+                agent(executor, fenced("open('ran', 'w')\n"), "Nobody answered."), "mark"
             )
             return result, (executor.work_dir / "ran").exists()
 
     result, ran = asyncio.run(run())
+    assert not ran
     [output] = executions(result)
     assert output.startswith("Code execution was not approved. Reason: expired: nobody decided")
     assert "within 1s" in output
@@ -213,7 +214,11 @@ def test_cancelling_mid_execution_kills_that_block_and_nothing_else(
         "time.sleep(300)\n"
         "pathlib.Path('finished').touch()\n"
     )
-    alive = "import os\nprint(sorted(open(f'/proc/{p}/cmdline').read().replace(chr(0), ' ').strip() for p in os.listdir('/proc') if p.isdigit()))\n"
+    alive = (
+        "import os\n"
+        "pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+        "print([open(f'/proc/{p}/cmdline').read().replace(chr(0), ' ') for p in pids])\n"
+    )
 
     async def run() -> tuple[str, Path]:
         async with SandboxCodeExecutor(host.config) as executor:
