@@ -46,9 +46,6 @@ class Served:
         """True when this process runs the broker (False: a running one serves it)."""
         return self._thread is not None
 
-    def alive(self) -> bool:
-        return self._thread is None or self._thread.is_alive()
-
     def close(self) -> None:
         """Stop our broker, if we run one, after it has drained the outbox."""
         if self._stop is None or self._thread is None:
