@@ -63,3 +63,11 @@ prism:
 # remote, a broker, an agent (sandboxed when Docker answers), a person approving.
 demo-github: $(STAMP) docker
 	$(BIN)/python scripts/demo_github.py
+
+.PHONY: demo-autogen
+
+# AutoGen's CodeExecutorAgent with SandboxCodeExecutor and approval_func, driven by
+# AutoGen's ReplayChatCompletionClient (no model, no network): one block approved and
+# run in a sandbox, one denied with the reason back in the conversation.
+demo-autogen: $(STAMP) docker
+	$(BIN)/python scripts/demo_autogen.py

@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
@@ -36,8 +36,6 @@ from broker.errors import ConfigError
 from broker.render import neutralize
 
 if TYPE_CHECKING:
-    from broker.ledger import Record
-    from broker.pipeline import Broker
     from broker.slack.notifier import SlackNotifier
 
 log = logging.getLogger("broker.notify")
@@ -224,19 +222,16 @@ def notifier_from(config: Config) -> Notifier | None:
     return Notifier(hooks, inbox_url=config.notify.get("inbox_url"), slack=SlackNotifier(slack))
 
 
-def attach(broker: Broker, config: Config, notifier: Notifier | None = None) -> Notifier | None:
+class Notifiable(Protocol):
+    """What can tell people: the serving broker (broker.pipeline.Broker)."""
+
+    def notify_with(self, notifier: Notifier) -> None: ...
+
+
+def attach(broker: Notifiable, config: Config, notifier: Notifier | None = None) -> Notifier | None:
     """Tell people through `notifier` (else what [notify] configures) when a request starts
     waiting, and update Slack's message when it reaches its outcome."""
     notifier = notifier or notifier_from(config)
-    if notifier is None:
-        return None
-    broker.notify_with(notifier)
-    if notifier.slack is not None:
-        from broker.approval import card
-
-        def on_settled(record: Record) -> None:
-            if record.terminal:
-                notifier.settled(card(broker.ledger, record, broker.registry), record.output)
-
-        broker.on_change.append(on_settled)
+    if notifier is not None:
+        broker.notify_with(notifier)
     return notifier

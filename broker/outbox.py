@@ -14,7 +14,7 @@ import os
 import queue
 import stat
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,7 +131,8 @@ class Served:
     sandboxes are discovered under. A sandbox dir whose outbox is not there yet is
     watched itself, so the outbox is served the moment it appears."""
 
-    def __init__(self, control_dir: Path) -> None:
+    def __init__(self, control_dir: Path, on_add: Callable[[Outbox], object] | None = None) -> None:
+        self.on_add = on_add  # e.g. publish the effect catalogue into its results dir
         self.boxes: dict[str, Outbox] = {}
         self.by_dir: dict[str, Outbox] = {}
         self.roots: list[Path] = []
@@ -142,6 +143,8 @@ class Served:
     def add(self, box: Outbox) -> None:
         self.boxes[box.sandbox] = box
         self.by_dir[str(box.outbox)] = box
+        if self.on_add is not None:
+            self.on_add(box)
 
     def remove(self, sandbox: str) -> None:
         box = self.boxes.pop(sandbox, None)

@@ -99,6 +99,21 @@ def read_owner(state_dir: Path) -> Owner | None:
         return None
 
 
+def served(state_dir: Path) -> bool:
+    """Whether some process owns (serves) `state_dir` right now; never blocks."""
+    try:
+        fd = os.open(state_dir / "broker.lock", os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # drops our own shared lock, if we got it
+    return False
+
+
 def socket_path(state_dir: Path) -> Path:
     return state_dir / "control" / "broker.sock"
 

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from broker import intake, recovery
+from broker import catalogue, intake, recovery
 from broker.admission import Admission
 from broker.apply import Workers, call
 from broker.assessing import Assessments
@@ -80,7 +80,11 @@ class Broker:
         self.claims = intake.Claims(config.limits, validator, config.state_dir)
         self.admission = Admission(config, registry, policy, validator, self.lifecycle)
         self.audit = AuditWriter(self.ledger, AuditLog(config.audit_path))
-        self.served = Served(config.state_dir / "control")
+        self.catalogue = catalogue.render(registry, policy)  # published into each results dir
+        self.served = Served(
+            config.state_dir / "control",
+            lambda box: catalogue.publish(box.results_fd, self.catalogue, box.sandbox),
+        )
         self.answers = Answers(self.served)
         self.started = StartMarks(config.state_dir / "started")
         self.events: queue.Queue[Event] = queue.Queue()
@@ -105,7 +109,8 @@ class Broker:
         return self.served.boxes
 
     def notify_with(self, notifier: Notifier) -> None:
-        """Tell people through `notifier` whenever a request starts waiting."""
+        """Tell people through `notifier` whenever a request starts waiting (and update
+        Slack's message when it reaches its outcome)."""
         from broker.approval import card
 
         self.notifier = notifier
@@ -113,6 +118,8 @@ class Broker:
         def on_pending(record: Record) -> None:
             if record.state == "pending":
                 notifier.pending(card(self.ledger, record, self.registry))
+            elif record.terminal and notifier.slack is not None:
+                notifier.settled(card(self.ledger, record, self.registry), record.output)
 
         self.on_change.append(on_pending)
 

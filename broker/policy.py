@@ -41,14 +41,26 @@ Reversibility = Mapping[str, bool]
 
 def _lookup(params: Mapping[str, Any], dotted: str) -> tuple[bool, Any]:
     value: Any = params
-    for part in dotted.split("."):
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        if isinstance(value, list):  # a path through a list: every item must match
+            found = [_lookup(item, ".".join(parts[i:])) for item in value]
+            if not found or not all(ok for ok, _ in found):
+                return False, None
+            return True, _Each(v for _, v in found)
         if not isinstance(value, Mapping) or part not in value:
             return False, None
         value = value[part]
     return True, value
 
 
+class _Each(tuple[Any, ...]):
+    """The values a path through a list reached; a condition must hold for each."""
+
+
 def _value_matches(expected: Any, actual: Any) -> bool:
+    if isinstance(actual, _Each):
+        return all(_value_matches(expected, item) for item in actual)
     if isinstance(expected, list):
         return any(_value_matches(e, actual) for e in expected)
     if isinstance(expected, str):

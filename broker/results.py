@@ -38,6 +38,7 @@ def write_bytes(dir_fd: int, name: str, data: bytes) -> None:
         os.unlink(tmp, dir_fd=dir_fd)
         fd = os.open(tmp, _FLAGS, 0o644, dir_fd=dir_fd)
     try:
+        os.fchmod(fd, 0o644)  # readable in the sandbox whatever the broker's umask
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]

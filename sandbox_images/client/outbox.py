@@ -14,8 +14,11 @@ An agent asks the host for an effect by writing a request into ``$OUTBOX_DIR``
 or from a shell::
 
     outbox request files.write --param path=notes.txt --param content=hi
+    outbox effects            # what the broker offers this sandbox, and what needs approval
+    outbox mcp                # the same effects as MCP tools, over stdio (outbox_mcp.py)
 
-One file, standard library only, Python 3.8 or newer, so it runs in any image.
+Standard library only, Python 3.8 or newer, so it runs in any image; ``outbox mcp``
+also needs ``outbox_mcp.py`` beside this file.
 """
 
 from __future__ import annotations
@@ -32,9 +35,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 __all__ = [
+    "CATALOGUE",
     "TERMINAL",
     "OutboxError",
     "OutboxTimeout",
+    "catalogue",
     "main",
     "request",
     "result",
@@ -44,6 +49,8 @@ __all__ = [
 VERSION = 1
 TERMINAL = frozenset({"applied", "denied", "expired", "invalid", "failed", "unknown"})
 
+CATALOGUE = ".effects.json"
+"""The effect catalogue the broker publishes into ``$RESULTS_DIR`` (read-only here)."""
 _ID = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
 _ATTACHMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
 _POLL_SECONDS = 0.02
@@ -198,6 +205,40 @@ def wait_for(request_id: str, timeout: float | None = None) -> dict[str, Any]:
         watcher.close()
 
 
+def catalogue(timeout: float = 0.0) -> dict[str, Any]:
+    """The effects the broker offers this sandbox: ``{"version": 1, "effects": [...]}``.
+
+    Each effect has ``name``, ``description``, ``params_schema``, ``reversible``,
+    ``idempotent``, ``undo`` and ``approval`` (``summary`` and the policy ``rules``
+    that may decide it). Waits up to ``timeout`` seconds for the broker to publish it.
+    """
+    path = os.path.join(_results_dir(), CATALOGUE)
+    deadline = time.monotonic() + timeout
+    watcher = _Watcher(_results_dir()) if timeout > 0 else None
+    try:
+        while True:
+            try:
+                with open(path, "rb") as f:
+                    data = json.loads(f.read().decode("utf-8"))
+                break
+            except FileNotFoundError:
+                remaining = deadline - time.monotonic()
+                if watcher is None or remaining <= 0:
+                    raise OutboxError(
+                        f"no effect catalogue at {path}: no broker serves this sandbox yet "
+                        "(or it is older than the catalogue)"
+                    ) from None
+                watcher.wait(remaining)
+            except (OSError, ValueError) as exc:
+                raise OutboxError(f"cannot read {path}: {exc}") from exc
+    finally:
+        if watcher is not None:
+            watcher.close()
+    if not isinstance(data, dict) or not isinstance(data.get("effects"), list):
+        raise OutboxError(f"{path} is not an effect catalogue")
+    return data
+
+
 class _Watcher:
     """Sleeps until something lands in a directory: inotify where Linux has it, else polls."""
 
@@ -326,7 +367,39 @@ def _parser() -> argparse.ArgumentParser:
     res.add_argument("id", metavar="ID")
     res.add_argument("--wait", action="store_true", help="wait until it is terminal")
     res.add_argument("--timeout", type=_seconds, metavar="SECONDS")
+
+    eff = commands.add_parser("effects", help="list the effects the broker offers here")
+    eff.add_argument("name", nargs="?", metavar="EFFECT", help="show one effect in full")
+    eff.add_argument("--json", action="store_true", help="print the catalogue as JSON")
+
+    mcp = commands.add_parser("mcp", help="serve the effects as MCP tools over stdio")
+    mcp.add_argument(
+        "--timeout",
+        type=_seconds,
+        metavar="SECONDS",
+        help="give up waiting for a tool call's result after this long (default: never)",
+    )
     return parser
+
+
+def _effects(args: argparse.Namespace) -> int:
+    effects = catalogue(timeout=5.0)["effects"]
+    if args.name is not None:
+        found = [e for e in effects if e.get("name") == args.name]
+        if not found:
+            raise _UsageError(f"no effect named {args.name!r}; `outbox effects` lists them")
+        effects = found
+    if args.json or args.name is not None:
+        print(json.dumps(effects if args.name is None else effects[0], indent=2))
+        return 0
+    for e in effects:
+        flags = "reversible" if e.get("reversible") else "irreversible"
+        if e.get("idempotent"):
+            flags += ", idempotent"
+        print(f"{e.get('name')}  ({flags})")
+        print(f"    {e.get('description', '')}")
+        print(f"    approval: {e.get('approval', {}).get('summary', '?')}")
+    return 0
 
 
 def _seconds(text: str) -> float:
@@ -385,6 +458,12 @@ def _params(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command == "effects":
+        return _effects(args)
+    if args.command == "mcp":
+        import outbox_mcp
+
+        return outbox_mcp.serve(timeout=args.timeout)
     if args.command == "result":
         if args.wait:
             answer = wait_for(args.id, timeout=args.timeout)
