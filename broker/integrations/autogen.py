@@ -354,7 +354,7 @@ def _where(
             "(or pass approval_func the executor)"
         )
     name = sandbox_id or _agent_sandbox(request)
-    return cfg, hosting.served_by_running(cfg, name).paths
+    return cfg, hosting.served_by_running(cfg, name).detach().paths
 
 
 def parse_blocks(code: str) -> list[dict[str, str]]:

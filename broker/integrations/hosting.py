@@ -39,6 +39,13 @@ class Served:
         """True when this process runs the broker (False: a running one serves it)."""
         return self._thread is not None
 
+    def detach(self) -> Served:
+        """Leave the sandbox to the broker that serves it, for good (no release)."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        return self
+
     def close(self) -> None:
         """Stop our broker, if we run one, after it has drained the outbox; else release
         the sandbox to the broker that serves it, once it has processed what is left."""
