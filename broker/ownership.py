@@ -247,10 +247,21 @@ class OwnerGone(BrokerError):
 class ControlClient:
     """Hands one sandbox to the owner of a state dir and follows it until released."""
 
-    def __init__(self, state_dir: Path, on_pending: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        on_pending: Callable[[str], None],
+        on_gone: Callable[[], None] | None = None,
+    ) -> None:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        self._sock.connect(str(socket_path(state_dir)))
+        try:
+            self._sock.connect(str(socket_path(state_dir)))
+        except OSError:
+            self._sock.close()
+            raise
         self._on_pending = on_pending
+        self._on_gone = on_gone
+        self._closed = False
         self._replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read, name="broker-run-control", daemon=True)
         self._reader.start()
@@ -263,6 +274,7 @@ class ControlClient:
         self._request({"op": "release"}, timeout)
 
     def close(self) -> None:
+        self._closed = True
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
@@ -294,11 +306,18 @@ class ControlClient:
             elif "ok" in message:
                 self._replies.put(message)
         self._replies.put(None)
+        if not self._closed and self._on_gone is not None:
+            self._on_gone()
 
 
-def connect(state_dir: Path, on_pending: Callable[[str], None]) -> ControlClient | None:
-    """A client of the state dir's owner, or None when no owner listens."""
+def connect(
+    state_dir: Path,
+    on_pending: Callable[[str], None],
+    on_gone: Callable[[], None] | None = None,
+) -> ControlClient | None:
+    """A client of the state dir's owner, or None when no owner listens. `on_gone` is
+    called (on the reading thread) if the owner closes the connection first."""
     try:
-        return ControlClient(state_dir, on_pending)
+        return ControlClient(state_dir, on_pending, on_gone)
     except (FileNotFoundError, ConnectionRefusedError):
         return None

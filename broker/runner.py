@@ -1,8 +1,9 @@
 """`broker run`: one sandbox, served from start to exit, then drained and removed.
 
-The lifecycle only: the broker serves the sandbox's outbox on a thread while the
-container runs; when it exits, what is left in the outbox is processed, a summary
-is printed and the container removed (also on Ctrl-C and on errors).
+The lifecycle only: the sandbox's outbox is served while the container runs (by the
+broker that owns the state dir, else by one run here: broker.serving); when it exits,
+what is left in the outbox is processed, a summary is printed and the container
+removed (also on Ctrl-C and on errors).
 """
 
 from __future__ import annotations
@@ -19,10 +20,9 @@ from broker import sandbox
 from broker.config import Config
 from broker.ledger import Record
 from broker.notify import Notifier
-from broker.outbox import from_layout
-from broker.pipeline import Broker
 from broker.policy import Policy
 from broker.registry import Registry
+from broker.serving import Serving
 
 log = logging.getLogger("broker.run")
 
@@ -92,37 +92,16 @@ def run(config: Config, registry: Registry, policy: Policy, options: RunOptions)
             "serve it with: broker serve"
         )
         return 0
-    broker = Broker(config, registry, policy)
-    broker.add(from_layout(config.sandboxes_dir, sandbox_id))
-    if options.notifier is not None:
-        from broker.notify import attach as attach_notifier
-
-        attach_notifier(broker, config, options.notifier)
-    if options.on_pending is not None:
-        notify = options.on_pending
-        broker.on_change.append(
-            lambda record: (
-                notify(record)
-                if record.state == "pending" and record.sandbox == sandbox_id
-                else None
-            )
-        )
-    stop = threading.Event()
-    ready = threading.Event()
-    failure: list[BaseException] = []
-
-    def serve() -> None:
-        try:
-            broker.serve(stop, ready=ready.set, drain=True)
-        except BaseException as exc:
-            failure.append(exc)
-            ready.set()
-
-    thread = threading.Thread(target=serve, name="broker-serve", daemon=True)
-    thread.start()
-    ready.wait(60)
-    if failure:
-        raise failure[0]
+    serving = Serving(
+        config,
+        registry,
+        policy,
+        sandbox_id,
+        on_pending=options.on_pending,
+        notifier=options.notifier,
+        say=options.say,
+    )
+    serving.start()
     container: Any = None
     try:
         container = start()
@@ -137,11 +116,7 @@ def run(config: Config, registry: Registry, policy: Policy, options: RunOptions)
     finally:
         if container is not None:
             sandbox.remove(container)
-        stop.set()
-        broker.wake()
-        thread.join(120)
-    if failure:
-        raise failure[0]
+        serving.finish()
     options.say(summary(config, sandbox_id, code))
     return code
 

@@ -80,6 +80,11 @@ def _broker(
     from broker.pipeline import Broker
 
     broker = Broker(d.cfg, d.registry, d.policy)
+    try:
+        broker.lock.acquire("broker serve")  # one owner per state dir: else one line
+    except BaseException:
+        broker.ledger.close()
+        raise
     if outbox is not None and results is not None:
         broker.add(attach(sandbox, outbox, results, d.cfg.state_dir, claim))
     if root is not None or outbox is None:

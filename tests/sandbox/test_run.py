@@ -15,7 +15,7 @@ import docker
 import pexpect
 import pytest
 
-from broker import sandbox
+from broker import audit, sandbox
 from tests.support import Hook, eventually
 
 BROKER = str(Path(sys.executable).parent / "broker")
@@ -260,3 +260,37 @@ def test_run_tells_the_notify_webhooks_and_the_person_told_decides(
     assert (host.parent / "exports" / "n.txt").read_text() == "two"
     assert len(hook.calls("/pending")) == 1
     assert containers(engine, "note1") == []
+
+
+def test_run_beside_a_serving_broker_hands_it_the_sandbox(
+    host: Path, engine: docker.DockerClient, tmp_path: Path
+) -> None:
+    """With `broker serve` owning the state dir (attach mode only, so it would never find
+    the sandbox by itself), `broker run` hands its sandbox over and is answered once."""
+    own = tmp_path / "own"
+    (own / "outbox").mkdir(parents=True)
+    log = (tmp_path / "serve.log").open("w")
+    attach = ["--outbox", str(own / "outbox"), "--results", str(own / "results")]
+    serve = subprocess.Popen(
+        [BROKER, "serve", "--config", str(host), *attach],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        eventually(lambda: "serving" in (tmp_path / "serve.log").read_text(), 30)
+        done = run(host, "hand1", AGENT)
+    finally:
+        serve.send_signal(signal.SIGINT)
+        serve.wait(30)
+        log.close()
+    served = (tmp_path / "serve.log").read_text()
+    assert done.returncode == 0, done.stderr
+    assert "AGENT applied 16" in done.stderr
+    assert f"handed sandbox hand1 to pid {serve.pid}, `broker serve`" in done.stderr
+    assert "serving sandbox hand1 for another process" in served
+    assert "sandbox hand1 exited with 0: 1 applied" in done.stderr
+    events = [e for _, e, _ in audit.read_events(host.parent / "state" / "audit.jsonl") if e]
+    mine = [e["event"] for e in events if e["sandbox"] == "hand1"]
+    assert mine.count("received") == 1 and mine.count("applied") == 1, mine
+    assert containers(engine, "hand1") == []
