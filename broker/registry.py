@@ -16,7 +16,7 @@ from broker.config import Settings
 from broker.errors import ConfigError, DuplicateEffect, RegistryError, UnknownEffect
 from broker.models import Preview
 from broker.typing import JSON, Params
-from broker.validation import compile_schema
+from broker.validation import compile_schema, did_you_mean
 from effects.base import (
     OPTIONAL_FLAGS,
     OPTIONAL_METHODS,
@@ -157,7 +157,8 @@ class Registry:
         try:
             return self._effects[name]
         except KeyError:
-            raise UnknownEffect(f"no effect named {name!r} is registered") from None
+            hint = did_you_mean(name, self._effects)
+            raise UnknownEffect(f"no effect named {name!r} is registered{hint}") from None
 
     def origin(self, name: str) -> str:
         return self._effects[name].origin

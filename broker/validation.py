@@ -6,6 +6,7 @@ so that an agent can fix its request.
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Iterable, Mapping
 from functools import cache
@@ -122,10 +123,11 @@ class Validator:
     def params(self, effect: str, params: Any) -> None:
         validator = self._params.get(effect)
         if validator is None:
+            hint = did_you_mean(effect, self._params)
             raise Rejected(
-                f"invalid: unknown effect {effect!r}; run `broker effects` on the host "
-                "for the list",
-                [Issue("/effect", "unknown_effect", f"no effect named {effect!r}")],
+                f"invalid: unknown effect {effect!r}{hint}; `outbox effects` lists the "
+                "effects this sandbox may ask for",
+                [Issue("/effect", "unknown_effect", f"no effect named {effect!r}{hint}")],
             )
         issues = _issues(validator.iter_errors(params), ("params",))
         if issues:
@@ -133,6 +135,19 @@ class Validator:
 
     def known(self, effect: str) -> bool:
         return effect in self._params
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """"; did you mean 'files.write'?": the registered names nearest to `name` (a typo),
+    else its integration's effects (a verb it does not have), else ""."""
+    names = sorted(known)
+    near = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    if not near:  # a verb the integration does not have: its effects
+        integration = name.split(".", 1)[0] + "."
+        near = [n for n in names if n.startswith(integration)][:5]
+    if not near:
+        return ""
+    return "; did you mean " + " or ".join(repr(n) for n in near) + "?"
 
 
 def _summary(issues: list[Issue]) -> str:

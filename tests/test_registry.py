@@ -203,6 +203,8 @@ def test_unknown_effect_raises_unknown_effect() -> None:
     """Asking for a name nobody registered raises UnknownEffect naming it."""
     with pytest.raises(UnknownEffect, match=r"'nope\.nothing'"):
         default_registry().get("nope.nothing")
+    with pytest.raises(UnknownEffect, match=r"did you mean 'http\.request'\?"):
+        default_registry().get("http.requests")
 
 
 def test_registry_lists_handlers_sorted() -> None:

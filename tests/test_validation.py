@@ -206,6 +206,9 @@ def test_unknown_effect_is_invalid(validating_harness: BrokerHarness) -> None:
     assert result["status"] == "invalid"
     assert errors_of(result) == [("/effect", "unknown_effect")]
     assert "github.repo.delete" in result["reason"]
+    near = answer(validating_harness, {**doc, "id": "typo", "effect": "files.wrte"}, "typo")
+    assert "did you mean 'files.write'?" in near["reason"]
+    assert "did you mean 'files.write'?" in near["errors"][0]["message"]
 
 
 def test_id_with_a_trailing_newline_is_invalid(validating_harness: BrokerHarness) -> None:
@@ -430,8 +433,19 @@ def test_unknown_effect_is_reported_at_effect(validator: Validator) -> None:
     with pytest.raises(Rejected) as info:
         validator.params("github.repo.delete", {})
     assert [(i.path, i.code) for i in info.value.issues] == [("/effect", "unknown_effect")]
-    assert "broker effects" in info.value.reason
+    assert "outbox effects" in info.value.reason
     assert validator.known("files.write") and not validator.known("github.repo.delete")
+
+
+def test_unknown_effect_names_the_nearest_registered_ones(validator: Validator) -> None:
+    """A typo gets "did you mean" with the near names, in the reason and in the error."""
+    with pytest.raises(Rejected) as info:
+        validator.params("files.writ", {})
+    assert "did you mean 'files.write'?" in info.value.reason
+    assert "did you mean 'files.write'?" in info.value.issues[0].message
+    with pytest.raises(Rejected) as info:
+        validator.params("zzz.qqq", {})
+    assert "did you mean" not in info.value.reason
 
 
 def test_error_messages_do_not_echo_huge_values(validator: Validator) -> None:
