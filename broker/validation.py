@@ -138,7 +138,7 @@ class Validator:
 
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:
-    """"; did you mean 'files.write'?": the registered names nearest to `name` (a typo),
+    """ "; did you mean 'files.write'?": the registered names nearest to `name` (a typo),
     else its integration's effects (a verb it does not have), else ""."""
     names = sorted(known)
     near = difflib.get_close_matches(name, names, n=3, cutoff=0.6)

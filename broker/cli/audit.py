@@ -11,6 +11,7 @@ import typer
 
 from broker import audit as audit_log
 from broker.cli.common import ConfigOpt, JsonOpt, StateOpt, config_only, fail, guarded, out
+from broker.cli.listing import Column, TsvOpt, choose, show
 from broker.render import terminal
 
 app = typer.Typer(help="Read and verify the audit log.", no_args_is_help=True)
@@ -45,24 +46,34 @@ def tail(
     config: ConfigOpt = None,
     state: StateOpt = None,
     json_out: JsonOpt = False,
+    tsv: TsvOpt = False,
 ) -> None:
     """Show the last events of the audit log."""
+    choose(json_out, tsv)
     path = config_only(config, state).audit_path
     events = [e for _, e, _ in audit_log.read_events(path) if e is not None]
-    _print_events(events[-lines:] if lines > 0 else [], json_out)
-
-
-def _print_events(events: list[dict[str, Any]], json_out: bool) -> None:
-    for event in events:
-        if json_out:
+    events = events[-lines:] if lines > 0 else []
+    if json_out:
+        for event in events:
             sys.stdout.write(json.dumps(event) + "\n")  # ASCII: nothing hides in it
-            continue
-        detail = " ".join(f"{k}={v}" for k, v in event.items() if k not in QUIET_KEYS)
-        out.print(
-            f"{event.get('at', '?')} {terminal(str(event.get('event')))} "
-            f"{terminal(str(event.get('sandbox')))}/{terminal(str(event.get('id')))} "
-            f"{terminal(str(event.get('effect') or '-'))} {terminal(detail)}"
-        )
+    elif tsv:
+        show(TAIL, [_cells(event) for event in events], tsv=True)
+    elif not events:
+        where = "no audit log at" if not path.exists() else "no audit events in"
+        out.print(f"{where} {terminal(str(path))}")
+    else:
+        for event in events:  # one line each, as a log reads, never cut
+            at, kind, sandbox, rid, effect, detail = (terminal(c) for c in _cells(event))
+            out.print(f"{at} {kind} {sandbox}/{rid} {effect} {detail}".rstrip())
+
+
+TAIL = tuple(Column(t) for t in ("at", "event", "sandbox", "id", "effect", "detail"))
+
+
+def _cells(event: dict[str, Any]) -> list[str]:
+    detail = " ".join(f"{k}={v}" for k, v in event.items() if k not in QUIET_KEYS)
+    keys = ("at", "event", "sandbox", "id")
+    return [*(str(event.get(k, "?")) for k in keys), str(event.get("effect") or "-"), detail]
 
 
 @app.command("export")

@@ -86,7 +86,11 @@ def open_ledger(cfg: Config) -> Ledger:
     from broker.ledger import Ledger
 
     if not cfg.ledger_path.exists():
-        fail(f"no ledger at {cfg.ledger_path}: has a broker run with this state dir?")
+        fail(
+            f"no broker has used the state dir {cfg.state_dir} yet (it has no "
+            f"{cfg.ledger_path.name}); name the right one with --state or --config, "
+            "or set BROKER_CONFIG"
+        )
     return guarded(lambda: Ledger(cfg.ledger_path))
 
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
 from broker.cli.common import (
     ConfigOpt,
@@ -28,9 +27,14 @@ from broker.cli.common import (
     out,
     print_json,
 )
+from broker.cli.listing import Column, TsvOpt, choose
+from broker.cli.listing import show as show_rows
 from broker.cli.prompt import print_card
 from broker.registry import default_registry
 from broker.render import neutralize, terminal
+
+if TYPE_CHECKING:
+    from broker.ledger import Ledger
 
 RefArg = Annotated[str, typer.Argument(help="the request's id, or SANDBOX/ID")]
 ShaOpt = Annotated[
@@ -39,12 +43,16 @@ ShaOpt = Annotated[
 AsOpt = Annotated[str | None, typer.Option("--as", help="decide as this name (if allow_as)")]
 
 
-def pending(json_out: JsonOpt = False, config: ConfigOpt = None, state: StateOpt = None) -> None:
+def pending(
+    json_out: JsonOpt = False, tsv: TsvOpt = False, config: ConfigOpt = None, state: StateOpt = None
+) -> None:
     """What waits for a person, oldest first."""
     from broker.approval import card
     from broker.models import now, parse_iso
 
-    ledger = open_ledger(config_only(config, state))
+    choose(json_out, tsv)
+    cfg = config_only(config, state)
+    ledger = open_ledger(cfg)
     rows = []
     for record in ledger.in_states(["pending"]):
         c = card(ledger, record)
@@ -53,29 +61,34 @@ def pending(json_out: JsonOpt = False, config: ConfigOpt = None, state: StateOpt
         rows.append(c)
     if json_out:
         print_json(rows)
-    elif not rows:
-        out.print("nothing waits for a decision")
+    elif not rows and not tsv:
+        out.print(f"nothing waits for a decision in {terminal(str(cfg.state_dir))}")
     else:
-        out.print(_pending_table(rows))
+        show_rows(PENDING, [_pending_row(c) for c in rows], tsv=tsv)
 
 
-def _pending_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table("effect", "what", "age", "time left", "then", "approvals")
-    # the ref is what people copy into `broker approve`: never cut it
-    table.add_column("ref", no_wrap=True, min_width=max(len(c["ref"]) for c in rows))
-    table.columns.insert(0, table.columns.pop())
-    for c in rows:
-        left = c["if_nobody_answers"]["seconds_left"]
-        table.add_row(
-            terminal(c["ref"]),
-            terminal(c["effect"] or "-"),
-            terminal(c["what"]["title"])[:80],
-            age(c["age_s"]),
-            age(left),
-            c["if_nobody_answers"]["on_timeout"] or "-",
-            f"{len(c['approvals']['have'])}/{c['approvals']['needed']}",
-        )
-    return table
+PENDING = (
+    Column("ref", lead=True),  # what people copy into `broker approve`: never cut
+    Column("effect", lead=True),
+    Column("what", wrap=True),
+    Column("age", right=True),
+    Column("time left", right=True),
+    Column("then"),
+    Column("approvals", right=True),
+)
+
+
+def _pending_row(c: dict[str, Any]) -> list[str]:
+    left = c["if_nobody_answers"]["seconds_left"]
+    return [
+        c["ref"],
+        c["effect"] or "-",
+        c["what"]["title"] or "-",
+        age(c["age_s"]),
+        age(left),
+        c["if_nobody_answers"]["on_timeout"] or "-",
+        f"{len(c['approvals']['have'])}/{c['approvals']['needed']}",
+    ]
 
 
 def show(
@@ -94,16 +107,23 @@ def show(
     print_card(c)
 
 
+YesOpt = Annotated[
+    bool, typer.Option("--yes", "-y", help="at a terminal: decide without showing the card first")
+]
+
+
 def approve(
     ref: RefArg,
     reason: Annotated[str | None, typer.Option(help="why; shown to the agent")] = None,
     as_: AsOpt = None,
     sha256: ShaOpt = None,
+    yes: YesOpt = False,
     config: ConfigOpt = None,
     state: StateOpt = None,
 ) -> None:
-    """Approve a pending request (one of its approvals, under a quorum rule)."""
-    _decide(ref, "approve", reason, as_, sha256, config, state)
+    """Approve a pending request (one of its approvals, under a quorum rule). At a
+    terminal it shows the request's card and asks first."""
+    _decide(ref, "approve", reason, as_, sha256, yes, config, state)
 
 
 def deny(
@@ -111,11 +131,13 @@ def deny(
     reason: Annotated[str, typer.Option(help="why, and what to do instead: the agent reads it")],
     as_: AsOpt = None,
     sha256: ShaOpt = None,
+    yes: YesOpt = False,
     config: ConfigOpt = None,
     state: StateOpt = None,
 ) -> None:
-    """Deny a pending request; the reason goes back to the agent."""
-    _decide(ref, "deny", reason, as_, sha256, config, state)
+    """Deny a pending request; the reason goes back to the agent. At a terminal it
+    shows the request's card and asks first."""
+    _decide(ref, "deny", reason, as_, sha256, yes, config, state)
 
 
 def _decide(
@@ -124,6 +146,7 @@ def _decide(
     reason: str | None,
     as_: str | None,
     sha256: str | None,
+    yes: bool,
     config: Path | None,
     state: Path | None,
 ) -> None:
@@ -132,6 +155,8 @@ def _decide(
     cfg = config_only(config, state)
     ledger = open_ledger(cfg)
     who = identity(as_, cfg)
+    if not yes and sys.stdin.isatty() and sys.stdout.isatty():
+        sha256 = _confirm(ledger, ref, verdict, reason, sha256)
     result = guarded(
         lambda: decide_and_wake(
             cfg, ledger, ref, verdict, approver=who, reason=reason, surface="cli", sha256=sha256
@@ -147,6 +172,31 @@ def _decide(
         out.print(f"{ref_text}: approved by {by}; the broker applies it")
     else:
         out.print(f"{ref_text}: denied; the agent reads: {terminal(str(result.record.reason))}")
+
+
+def _confirm(
+    ledger: Ledger, ref: str, verdict: str, reason: str | None, sha256: str | None
+) -> str | None:
+    """Show the card of a pending request and ask; the decision then binds to the
+    sha256 shown (unless --sha256 named one: that is checked as given)."""
+    import click
+
+    from broker.approval import card
+
+    record = guarded(lambda: ledger.find(ref))
+    if record.state != "pending":
+        return sha256  # not waiting: the decision is refused with its reason
+    print_card(card(ledger, record, guarded(default_registry)))
+    if verdict == "deny":
+        out.print(f"[bold]THE AGENT WILL READ[/]  denied by you: {terminal(str(reason))}")
+    question = f"{verdict} {record.sandbox}/{record.id} ({record.effect})?"
+    try:
+        confirmed = typer.confirm(neutralize(question), default=False)
+    except click.exceptions.Abort:
+        confirmed = False
+    if not confirmed:
+        fail("nothing recorded", code=1)
+    return sha256 or record.sha256
 
 
 def undo(

@@ -2,29 +2,40 @@
 
 from __future__ import annotations
 
-from rich.table import Table
-
-from broker.cli.common import ConfigOpt, JsonOpt, StateOpt, guarded, out, print_json
+from broker.cli.common import ConfigOpt, JsonOpt, StateOpt, guarded, print_json
+from broker.cli.listing import Column, TsvOpt, choose, show
 from broker.registry import Registry, default_registry
-from broker.render import terminal
 
 
-def effects(json_out: JsonOpt = False, config: ConfigOpt = None, state: StateOpt = None) -> None:
+def effects(
+    json_out: JsonOpt = False, tsv: TsvOpt = False, config: ConfigOpt = None, state: StateOpt = None
+) -> None:
     """List the registered effects with their flags and schemas."""
+    choose(json_out, tsv)
     registry = guarded(default_registry)
     if json_out:
         print_json(_rows(registry))
         return
-    table = Table("effect", "reversible", "idempotent", "undo", "from")
-    for h in registry:
-        table.add_row(
+    rows = [
+        [
             h.name,
             "yes" if h.reversible else "no",
             "yes" if h.idempotent else "no",
-            terminal(h.undo),
-            terminal(registry.origin(h.name)),
-        )
-    out.print(table)
+            h.undo,
+            registry.origin(h.name),
+        ]
+        for h in registry
+    ]
+    show(COLUMNS, rows, tsv=tsv)
+
+
+COLUMNS = (
+    Column("effect", lead=True),
+    Column("reversible"),
+    Column("idempotent"),
+    Column("undo", wrap=True),
+    Column("from", wrap=True),
+)
 
 
 def _rows(registry: Registry) -> list[dict[str, object]]:

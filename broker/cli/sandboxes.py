@@ -6,10 +6,9 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from broker.cli.common import JsonOpt, err, fail, guarded, out, print_json
-from broker.render import terminal
+from broker.cli.listing import Column, TsvOpt, choose, show
 
 image_app = typer.Typer(help="Build the sandbox image.", no_args_is_help=True)
 sandbox_app = typer.Typer(help="List and remove sandbox containers.", no_args_is_help=True)
@@ -34,19 +33,21 @@ def image_build(
 
 
 @sandbox_app.command("ls")
-def sandbox_ls(json_out: JsonOpt = False) -> None:
+def sandbox_ls(json_out: JsonOpt = False, tsv: TsvOpt = False) -> None:
     """Sandbox containers on this engine (left behind by a crash, or detached)."""
+    choose(json_out, tsv)
     rows = guarded(_listing)
     if json_out:
         print_json(rows)
         return
-    if not rows:
-        out.print("no sandbox containers")
+    if not rows and not tsv:
+        out.print("no sandbox containers on this Docker engine")
         return
-    table = Table(*COLUMNS)
-    for row in rows:
-        table.add_row(*(terminal(row[k]) for k in COLUMNS))
-    out.print(table)
+    show(
+        [Column(k, lead=k == "sandbox") for k in COLUMNS],
+        [[row[k] for k in COLUMNS] for row in rows],
+        tsv=tsv,
+    )
 
 
 def _listing() -> list[dict[str, str]]:

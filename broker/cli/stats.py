@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from broker.cli.common import (
     ConfigOpt,
@@ -18,6 +17,7 @@ from broker.cli.common import (
     out,
     print_json,
 )
+from broker.cli.listing import Column, TsvOpt, choose, show
 from broker.render import terminal
 
 COUNTS = ("auto", "approved", "denied", "expired", "invalid", "failed")
@@ -25,6 +25,7 @@ COUNTS = ("auto", "approved", "denied", "expired", "invalid", "failed")
 
 def stats(
     json_out: JsonOpt = False,
+    tsv: TsvOpt = False,
     since: Annotated[
         str | None, typer.Option(help="only requests received in this window, e.g. 7d")
     ] = None,
@@ -38,6 +39,7 @@ def stats(
     from broker.models import now
     from broker.stats import summarize
 
+    choose(json_out, tsv)
     cfg = config_only(config, state)
     cutoff = None
     if since:
@@ -50,22 +52,35 @@ def stats(
     if json_out:
         print_json(summary)
         return
-    out.print(_table(summary))
+    if not summary["effects"] and not tsv:
+        window = f" in the last {since}" if since else ""
+        out.print(f"no requests recorded{window} in {terminal(str(cfg.state_dir))}")
+        return
+    rows = [*summary["effects"].items(), ("(all)", summary["overall"])]
+    show(COLUMNS, [_row(name, row) for name, row in rows], tsv=tsv)
+    if tsv:
+        return
     for name, row in summary["effects"].items():
         if row["rubber_stamp"]:
             out.print(f"[yellow]⚠ {terminal(name)}[/]: {row['advice']}")
 
 
-def _table(summary: dict[str, Any]) -> Table:
-    table = Table("effect", *COUNTS, "approval rate", "median wait", "p90 wait")
-    for name, row in [*summary["effects"].items(), ("(all)", summary["overall"])]:
-        n = row["counts"]
-        rate = row["approval_rate"]
-        table.add_row(
-            terminal(name),
-            *(str(n[k]) for k in COUNTS),
-            "-" if rate is None else f"{rate:.0%}",
-            age(row["median_time_to_decision_s"]),
-            age(row["p90_time_to_decision_s"]),
-        )
-    return table
+COLUMNS = (
+    Column("effect", lead=True),  # files.delete and files.write: never cut to "file…"
+    *(Column(k, right=True) for k in COUNTS),
+    Column("approval rate", right=True),
+    Column("median wait", right=True),
+    Column("p90 wait", right=True),
+)
+
+
+def _row(name: str, row: dict[str, Any]) -> list[str]:
+    n = row["counts"]
+    rate = row["approval_rate"]
+    return [
+        name,
+        *(str(n[k]) for k in COUNTS),
+        "-" if rate is None else f"{rate:.0%}",
+        age(row["median_time_to_decision_s"]),
+        age(row["p90_time_to_decision_s"]),
+    ]
