@@ -148,6 +148,11 @@ def test_detached_sandbox_is_served_by_serve_root(
         serve.wait(30)
     listed = subprocess.run([BROKER, "sandbox", "ls"], capture_output=True, text=True)
     assert "det1" in listed.stdout
+    tsv = subprocess.run([BROKER, "sandbox", "ls", "--tsv"], capture_output=True, text=True)
+    rows = [line.split("\t") for line in tsv.stdout.splitlines()]
+    assert rows[0] == ["sandbox", "container", "name", "status"]
+    row = next(r for r in rows if r[0] == "det1")
+    assert len(row) == 4 and row[2] == "broker-det1"
     subprocess.run([BROKER, "sandbox", "rm", "det1"], check=True, capture_output=True)
     assert containers(engine, "det1") == []
 
