@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from broker.errors import AuditError
 from broker.ledger import Ledger, Record
 from broker.models import canonical, sha256_hex
 
 GENESIS = "0" * 64
+T = TypeVar("T")
 
 
 def event(kind: str, record: Record, at: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -178,11 +180,19 @@ class AuditWriter:
         self._appended = 0  # the last event appended to the log (maybe not fsynced)
         self._synced = 0
         self._synced_at = 0.0
+        self._undurable_since: float | None = None  # when the oldest unsynced line went in
+        # observers (broker.observe): the events each flush appended; each sync's lag
+        self.observers: list[Callable[[list[dict[str, Any]]], None]] = []
+        self.on_sync: list[Callable[[float], None]] = []
 
     def flush(self) -> None:
         backlog = self.ledger.audit_backlog(after=self._appended)
         if backlog:
             self._appended = self.log.append(backlog, sync=False)
+            if self._undurable_since is None:
+                self._undurable_since = time.monotonic()
+        if self.observers:
+            _tell(self.observers, [event for _, event in backlog])
         if time.monotonic() - self._synced_at >= self.sync_every_s:
             self.sync()
 
@@ -191,11 +201,28 @@ class AuditWriter:
             self.log.sync()
             self._synced = self._appended
             self.durable = (self._appended, self.log.head)
+            if self.on_sync and self._undurable_since is not None:
+                _tell(self.on_sync, time.monotonic() - self._undurable_since)
+            self._undurable_since = None
         self._synced_at = time.monotonic()
+
+    def undurable_for(self) -> float:
+        """How long the oldest line appended but not yet fsynced has waited (0: none)."""
+        since = self._undurable_since
+        return 0.0 if since is None else max(0.0, time.monotonic() - since)
 
     def take_durable(self) -> tuple[int, str] | None:
         durable, self.durable = self.durable, None
         return durable
+
+
+def _tell(observers: list[Callable[[T], None]], value: T) -> None:
+    """Observers never break the log: their failures are logged, the events stand."""
+    for observer in observers:
+        try:
+            observer(value)
+        except Exception:
+            logging.getLogger("broker").exception("an audit observer failed")
 
 
 def flush(ledger: Ledger, log: AuditLog) -> None:

@@ -30,6 +30,7 @@ from broker.registry import Registry
 
 if TYPE_CHECKING:
     from broker.notify import Notifier
+    from broker.pipeline import Broker
     from broker.web.server import WebServer
 
 ListenOpt = Annotated[
@@ -65,6 +66,14 @@ class Daemon:
     notifier: Notifier | None
     stop: threading.Event = field(default_factory=threading.Event)
     web: WebServer | None = None
+
+    def observe(self, broker: Broker) -> None:
+        """Log each request event of `broker` (`broker.requests`, INFO)."""
+        from broker.eventlog import ServeLog
+        from broker.observe import Tap
+
+        tap = Tap.on(broker)
+        tap.observers.append(ServeLog(broker.ledger))
 
     def start(
         self,

@@ -90,6 +90,7 @@ def _broker(
     if root is not None or outbox is None:
         broker.serve_root((root or d.cfg.state_dir) / "sandboxes")
     notify(broker, d.cfg, d.notifier)  # webhooks and Slack, as [notify] says
+    d.observe(broker)  # the request log; metrics and traces when broker.toml asks
     return broker
 
 

@@ -1,0 +1,146 @@
+"""`broker serve` logs one line per request event (received, decided, pending, applied,
+failed, denied, invalid…), as an operator reads it on stderr, with every string from a
+sandbox or a person neutralised."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import signal
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import run_broker
+from tests.test_cli_daemon import Serving
+
+POLICY = """
+[[rules]]
+effect = "files.write"
+when = { path = "gate/*" }
+action = "approve"
+timeout = "1h"
+reason = "files under gate/ are read by a person first"
+"""
+
+
+class Site:
+    """A broker.toml, a policy, an export root and an attach-mode outbox."""
+
+    def __init__(self, base: Path, home: Path) -> None:
+        self.home = home
+        self.outbox, self.results = base / "outbox", base / "results"
+        self.exports, self.state = base / "exports", base / "state"
+        for d in (self.outbox, self.results, self.exports):
+            d.mkdir(parents=True)
+        (base / "policy.toml").write_text(POLICY)
+        self.config = base / "broker.toml"
+        self.config.write_text(
+            f'[broker]\nstate_dir = "state"\npolicy = "policy.toml"\n'
+            f'[integrations.files]\nroot = "{self.exports}"\n'
+        )
+
+    def write(self, doc: dict[str, Any], name: str | None = None) -> str:
+        rid = str(doc.get("id") or name)
+        tmp = self.outbox / f".{uuid.uuid4().hex}.tmp"
+        tmp.write_text(json.dumps(doc))
+        os.rename(tmp, self.outbox / f"{name or rid}.json")
+        return rid
+
+    def request(self, effect: str, **params: Any) -> str:
+        rid = uuid.uuid4().hex[:12]
+        return self.write({"version": 1, "id": rid, "effect": effect, "params": params})
+
+    def cli(self, *args: str) -> str:
+        done = run_broker(*args, "--config", str(self.config), home=self.home)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+
+@pytest.fixture
+def site(tmp_path: Path, home: Path) -> Site:
+    return Site(tmp_path / "site", home)
+
+
+@pytest.fixture
+def serving(site: Site) -> Iterator[Serving]:
+    s = Serving(
+        site.home,
+        "--config",
+        str(site.config),
+        "--outbox",
+        str(site.outbox),
+        "--results",
+        str(site.results),
+        "--sandbox",
+        "sb1",
+    )
+    s.line_with("serving sandboxes")
+    yield s
+    s.close()
+
+
+def line(s: Serving, *words: str) -> str:
+    """The next log line holding every one of `words`."""
+    while True:
+        found = s.line_with(words[0])
+        if all(w in found for w in words):
+            return found
+
+
+def test_each_request_event_is_one_line(site: Site, serving: Serving) -> None:
+    """An automatic write: received, decided (which rule), applied; a gated one:
+    received, pending with its deadline, then the person's approval and the outcome."""
+    auto = site.request("files.write", path="notes.txt", content="hi")
+    assert "files.write" in line(serving, "received", f"sb1/{auto}")
+    assert "applied automatically (default)" in line(serving, "decided", f"sb1/{auto}")
+    line(serving, "applied", f"sb1/{auto}", "files.write")
+
+    gated = site.request("files.write", path="gate/a.txt", content="hi")
+    pending = line(serving, "pending", f"sb1/{gated}")
+    assert "waits for a person until" in pending and "then deny (rules[0])" in pending
+    site.cli("approve", f"sb1/{gated}", "--reason", "looked at it")
+    decided = line(serving, "decided", f"sb1/{gated}")
+    assert f"approved by {getpass.getuser()} via cli: looked at it" in decided
+    line(serving, "applied", f"sb1/{gated}")
+
+
+def test_outcomes_decided_elsewhere_and_failures_are_logged(site: Site, serving: Serving) -> None:
+    """A denial at the CLI, a failed apply (WARNING) and an invalid request each get a line
+    with the reason the agent reads."""
+    gated = site.request("files.write", path="gate/b.txt", content="hi")
+    line(serving, "pending", f"sb1/{gated}")
+    site.cli("deny", f"sb1/{gated}", "--reason", "write under notes/ instead")
+    denied = line(serving, "denied", f"sb1/{gated}")
+    assert "write under notes/ instead" in denied
+
+    (site.exports / "taken.txt").write_text("old")
+    failed = site.request("files.write", path="taken.txt", content="new")
+    failure = line(serving, f"sb1/{failed}", "failed")
+    assert "WARNING" in failure and "exists" in failure
+
+    typo = site.request("files.writ", path="x")
+    invalid = line(serving, "invalid", f"sb1/{typo}")
+    assert "did you mean 'files.write'?" in invalid
+
+
+def test_untrusted_text_is_neutralised_in_the_log(site: Site, serving: Serving) -> None:
+    """An effect name, file name and reason holding escapes and bidi controls show as
+    visible tags; no raw control character reaches the operator's terminal."""
+    hostile = site.write(
+        {"version": 1, "id": "h1", "effect": "files.\x1b[2Jwrite\u202e", "params": {}}, "h1"
+    )
+    invalid = line(serving, "invalid", f"sb1/{hostile}")
+    assert "\\x1b[2J" in invalid and "<U+202E RLO>" in invalid
+    gated = site.request("files.write", path="gate/c.txt", content="hi")
+    line(serving, "pending", f"sb1/{gated}")
+    site.cli("deny", f"sb1/{gated}", "--reason", "no \x1b]0;owned\x07 thanks")
+    denied = line(serving, "denied", f"sb1/{gated}")
+    assert "\\x1b]0;owned\\x07" in denied
+    serving.stop(signal.SIGINT)
+    logged = "".join(serving.seen)
+    assert "\x1b" not in logged and "\u202e" not in logged and "\x07" not in logged
