@@ -24,6 +24,7 @@ from broker.models import Record, Request, sha256_hex
 from broker.names import REQUEST_ID
 from broker.policy import Policy
 from broker.registry import Effect, Registry
+from broker.stages import Stages
 from broker.typing import Params
 from broker.validation import Validator
 from effects.base import Context
@@ -56,6 +57,7 @@ class Admission:
         self.validator = validator
         self.lifecycle = lifecycle
         self.ledger: Ledger = lifecycle.ledger
+        self.stages: Stages | None = None  # stage times for traces (broker.tracing); None: off
         self.held: Counter[str] = Counter()  # per sandbox: held for a preview
         self._counted: set[tuple[str, str]] = set()
         self.bad_reuse = Reuses()
@@ -95,11 +97,14 @@ class Admission:
             batch.answer.append(self.lifecycle.reject(record, exc, getattr(exc, "rule", None)))
 
     def _route(self, record: Record, request: Request, batch: Batch) -> None:
+        began = self.stages.start() if self.stages else 0
         self.validator.params(request.effect, request.params)
         effect = self.registry.effect(request.effect)
         memo = Memo()
         ctx = context_for(self.config, record, memo)
         effect.check(request.params, ctx)
+        if self.stages:
+            self.stages.done(record.key, "validation", began)
         if self._replay(record, request, batch):
             return
         if not effect.assess_inline:  # it may ask a service: never under the write lock
@@ -113,7 +118,10 @@ class Admission:
         must decide is held until its preview, made off the loop, comes back."""
         params = record.envelope["params"]
         effect = self.registry.effect(record.effect or "")
+        began = self.stages.start() if self.stages else 0
         verdict = self.policy.classify(effect.name, params, bool(record.reversible))
+        if self.stages:
+            self.stages.done(record.key, "policy", began)
         if verdict.action == "deny":
             raise PolicyDenied(f"denied by policy ({verdict.rule}): {verdict.reason}", verdict.rule)
         if verdict.action == "auto":

@@ -27,6 +27,7 @@ from broker.registry import Effect
 
 log = logging.getLogger("broker")
 MAX_ABANDONED = 32  # hung threads tolerated before overdue jobs keep their slot
+BROKE = "handler broke on the host"  # in the reason of an apply that raised unexpectedly
 
 
 @dataclass(eq=False)
@@ -185,7 +186,7 @@ def call(effect: Effect, record: Record, config: Config, marks: StartMarks) -> A
         return Applied(
             record.key,
             "failed",
-            f"failed: the {record.effect} handler broke on the host; the effect may "
+            f"failed: the {record.effect} {BROKE}; the effect may "
             "not have happened; ask the operator to check the broker's log",
         )
 

@@ -23,7 +23,7 @@ from broker.policy import Policy, Rule, default_verdict
 from broker.registry import Registry
 from effects.base import EffectHandler
 
-__all__ = ["CATALOGUE_NAME", "VERSION", "build", "publish", "render"]
+__all__ = ["CATALOGUE_NAME", "VERSION", "build", "description", "publish", "render"]
 
 CATALOGUE_NAME = ".effects.json"
 VERSION = 1
@@ -70,6 +70,11 @@ def _entry(handler: EffectHandler, policy: Policy) -> dict[str, Any]:
         "params_schema": schema,
         "approval": {"summary": _summary(rules), "rules": rules},
     }
+
+
+def description(handler: EffectHandler) -> str:
+    """One line saying what the effect does (its schema's title, else its docstring)."""
+    return _description(handler, handler.schema)
 
 
 def _description(handler: EffectHandler, schema: Mapping[str, Any]) -> str:

@@ -57,6 +57,8 @@ class Config:
     notify: Mapping[str, Any] = field(default_factory=dict)
     web: Mapping[str, Any] = field(default_factory=dict)
     approvers: Mapping[str, Any] = field(default_factory=dict)
+    metrics: Mapping[str, Any] | None = None  # [metrics]: on when present (broker.telemetry)
+    tracing: Mapping[str, Any] | None = None  # [tracing]: on when present
     rescan_interval_s: float = 30.0
     preview_timeout_s: float = 30.0  # a handler's assessment or preview, off the loop
     allow_as: bool = False
@@ -264,6 +266,13 @@ def _positive_int(section: Mapping[str, Any], key: str, default: int) -> int:
     return value
 
 
+def _table(data: Mapping[str, Any], name: str, path: Path | None) -> Mapping[str, Any] | None:
+    value = data.get(name)
+    if value is not None and not isinstance(value, Mapping):
+        raise ConfigError(f"{path}: [{name}] must be a table")
+    return value
+
+
 def load_config(
     path: Path | None = None,
     *,
@@ -281,7 +290,10 @@ def load_config(
         data = read_toml(path, ConfigError, "configuration file")
     else:
         path = None
-    unknown = set(data) - {"broker", "integrations", "sandbox", "approvers", "notify", "web"}
+    unknown = set(data) - {
+        *("broker", "integrations", "sandbox", "approvers", "notify", "web"),
+        *("metrics", "tracing"),
+    }
     if unknown:
         raise ConfigError(f"{path}: unknown section [{sorted(unknown)[0]}]")
     section = data.get("broker", {})
@@ -318,6 +330,8 @@ def load_config(
         notify=data.get("notify", {}),
         web=data.get("web", {}),
         approvers=data.get("approvers", {}),
+        metrics=_table(data, "metrics", path),
+        tracing=_table(data, "tracing", path),
         rescan_interval_s=_duration(section.get("rescan_interval", "30s"), "rescan_interval"),
         preview_timeout_s=_duration(section.get("preview_timeout", "30s"), "preview_timeout"),
         allow_as=bool(section.get("allow_as", False)),

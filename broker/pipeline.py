@@ -96,6 +96,7 @@ class Broker:
         self._consumed: deque[tuple[Outbox, str]] = deque()
         self._watcher: Watcher | None = None
         self.on_change = self.answers.observers
+        self.on_rescan: list[Callable[[str], None]] = []  # "rescan", "restart": for metrics
         self.notifier: Notifier | None = None
         self.command = "broker serve"  # what the state lock says owns the state dir
         self.lock = StateLock(config.state_dir)
@@ -194,6 +195,8 @@ class Broker:
     def _replace_watcher(self) -> Rescan:
         """The watcher died: start a new one and rescan what it may have missed."""
         log.warning("restarting the outbox watcher and rescanning")
+        for observer in self.on_rescan:
+            observer("restart")
         old = self._watcher
         self._watcher = Watcher(self.events)
         self._rewatch()
@@ -279,6 +282,8 @@ class Broker:
 
     def rescan(self) -> None:
         """Converge on the outboxes' real contents; events are only a hint."""
+        for observer in self.on_rescan:
+            observer("rescan")
         self._discover()
         for box in list(self.served.boxes.values()):
             names = box.names()

@@ -19,7 +19,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +180,7 @@ class BrokerHarness:
         limits: Limits | None = None,
         sandbox: str = "default",
         builtins: bool = True,
+        prepare: Callable[[Broker], None] | None = None,
     ) -> None:
         self.base = Path(base)
         self.outbox = self.base / "outbox"
@@ -210,6 +211,7 @@ class BrokerHarness:
         else:
             self.policy = Policy()
         self.sandbox = sandbox
+        self.prepare = prepare  # called with each new Broker before it serves (observers)
         self.broker: Broker | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -219,6 +221,8 @@ class BrokerHarness:
         self._stop.clear()
         self.broker = Broker(self.config, self.registry, self.policy)
         self.broker.add(attach(self.sandbox, self.outbox, self.results, self.state))
+        if self.prepare is not None:
+            self.prepare(self.broker)
         ready = threading.Event()
 
         def run() -> None:

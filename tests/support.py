@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
+import queue
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,3 +105,137 @@ class Hook:
                 raise AssertionError(f"{path}: {len(self.calls(path))} of {count} calls arrived")
             time.sleep(0.01)
         return self.calls(path)
+
+
+SERVE_POLICY = """
+[[rules]]
+effect = "files.write"
+when = { path = "gate/*" }
+action = "approve"
+timeout = "1h"
+reason = "files under gate/ are read by a person first"
+"""
+
+
+class ServeSite:
+    """A broker.toml, a policy, an export root and an attach-mode outbox."""
+
+    def __init__(self, base: Path, home: Path, toml: str = "") -> None:
+        self.home = home
+        self.outbox, self.results = base / "outbox", base / "results"
+        self.exports, self.state = base / "exports", base / "state"
+        for d in (self.outbox, self.results, self.exports):
+            d.mkdir(parents=True)
+        (base / "policy.toml").write_text(SERVE_POLICY)
+        self.config = base / "broker.toml"
+        self.config.write_text(
+            f'[broker]\nstate_dir = "state"\npolicy = "policy.toml"\n'
+            f'[integrations.files]\nroot = "{self.exports}"\n{toml}'
+        )
+
+    def write(self, doc: dict[str, Any], name: str | None = None) -> str:
+        rid = str(doc.get("id") or name)
+        tmp = self.outbox / f".{uuid.uuid4().hex}.tmp"
+        tmp.write_text(json.dumps(doc))
+        os.rename(tmp, self.outbox / f"{name or rid}.json")
+        return rid
+
+    def request(self, effect: str, **params: Any) -> str:
+        rid = uuid.uuid4().hex[:12]
+        return self.write({"version": 1, "id": rid, "effect": effect, "params": params})
+
+    def result(self, rid: str, status: str | None = None, timeout: float = 30) -> dict[str, Any]:
+        """The request's result once it has one (with `status`, when given)."""
+        found: dict[str, Any] = {}
+
+        def there() -> bool:
+            nonlocal found
+            try:
+                found = json.loads((self.results / f"{rid}.json").read_text())
+            except (FileNotFoundError, ValueError):
+                return False
+            return status is None or found.get("status") == status
+
+        eventually(there, timeout)
+        return found
+
+    def cli(self, *args: str) -> str:
+        done = run_broker(*args, "--config", str(self.config), home=self.home)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def serve(self, *args: str) -> Serving:
+        """`broker serve` on this site's outbox as sandbox sb1, once it says it serves."""
+        s = Serving(
+            self.home,
+            "--config",
+            str(self.config),
+            "--outbox",
+            str(self.outbox),
+            "--results",
+            str(self.results),
+            "--sandbox",
+            "sb1",
+            *args,
+        )
+        s.line_with("serving sandboxes")
+        return s
+
+
+class Serving:
+    """A `broker serve` process, its stderr read line by line on a thread."""
+
+    def __init__(self, home: Path, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [str(BROKER), "serve", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=clean_env(home),
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.put(line)
+
+    def line_with(self, words: str, timeout: float = 30) -> str:
+        """The first stderr line holding `words` (every line read is kept in `seen`)."""
+        while True:
+            try:
+                line = self.lines.get(timeout=timeout)
+            except queue.Empty:
+                raise AssertionError(f"no line with {words!r}; saw {self.seen}") from None
+            self.seen.append(line)
+            if words in line:
+                return line.strip()
+
+    def stop(self, signum: int) -> int:
+        """Send `signum`; the exit code, once stderr is read to its end into `seen`."""
+        self.proc.send_signal(signum)
+        code = self.proc.wait(30)
+        self.reader.join(10)
+        while not self.lines.empty():
+            self.seen.append(self.lines.get())
+        return code
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.reader.join(10)
+        assert self.proc.stderr is not None
+        self.proc.stderr.close()
+
+
+def line(s: Serving, *words: str) -> str:
+    """The next log line holding every one of `words`."""
+    while True:
+        found = s.line_with(words[0])
+        if all(w in found for w in words):
+            return found

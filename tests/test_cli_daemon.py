@@ -4,19 +4,17 @@ the web inbox it started."""
 
 from __future__ import annotations
 
-import queue
 import signal
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support import BROKER, assert_one_line_error, clean_env, run_broker
+from tests.support import Serving, assert_one_line_error, run_broker
 
 # name → (extra options, broker.toml, policy file or None, words the line must hold)
 FAULTS: dict[str, tuple[list[str], str, str | None, list[str]]] = {
@@ -67,57 +65,6 @@ def test_serve_and_run_refuse_the_same_fault_with_the_same_line(
     assert line.startswith("error: ")
     assert (served.returncode, ran.returncode) == (2, 2)
     assert not (tmp_path / "state" / "sandboxes" / "never").exists(), "run made a sandbox"
-
-
-class Serving:
-    """A `broker serve` process, its stderr read line by line on a thread."""
-
-    def __init__(self, home: Path, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [str(BROKER), "serve", *args],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=clean_env(home),
-        )
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.seen: list[str] = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.put(line)
-
-    def line_with(self, words: str, timeout: float = 30) -> str:
-        """The first stderr line holding `words` (every line read is kept in `seen`)."""
-        while True:
-            try:
-                line = self.lines.get(timeout=timeout)
-            except queue.Empty:
-                raise AssertionError(f"no line with {words!r}; saw {self.seen}") from None
-            self.seen.append(line)
-            if words in line:
-                return line.strip()
-
-    def stop(self, signum: int) -> int:
-        """Send `signum`; the exit code, once stderr is read to its end into `seen`."""
-        self.proc.send_signal(signum)
-        code = self.proc.wait(30)
-        self.reader.join(10)
-        while not self.lines.empty():
-            self.seen.append(self.lines.get())
-        return code
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        self.reader.join(10)
-        assert self.proc.stderr is not None
-        self.proc.stderr.close()
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

@@ -5,60 +5,14 @@ sandbox or a person neutralised."""
 from __future__ import annotations
 
 import getpass
-import json
-import os
 import signal
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.support import run_broker
-from tests.test_cli_daemon import Serving
-
-POLICY = """
-[[rules]]
-effect = "files.write"
-when = { path = "gate/*" }
-action = "approve"
-timeout = "1h"
-reason = "files under gate/ are read by a person first"
-"""
-
-
-class Site:
-    """A broker.toml, a policy, an export root and an attach-mode outbox."""
-
-    def __init__(self, base: Path, home: Path) -> None:
-        self.home = home
-        self.outbox, self.results = base / "outbox", base / "results"
-        self.exports, self.state = base / "exports", base / "state"
-        for d in (self.outbox, self.results, self.exports):
-            d.mkdir(parents=True)
-        (base / "policy.toml").write_text(POLICY)
-        self.config = base / "broker.toml"
-        self.config.write_text(
-            f'[broker]\nstate_dir = "state"\npolicy = "policy.toml"\n'
-            f'[integrations.files]\nroot = "{self.exports}"\n'
-        )
-
-    def write(self, doc: dict[str, Any], name: str | None = None) -> str:
-        rid = str(doc.get("id") or name)
-        tmp = self.outbox / f".{uuid.uuid4().hex}.tmp"
-        tmp.write_text(json.dumps(doc))
-        os.rename(tmp, self.outbox / f"{name or rid}.json")
-        return rid
-
-    def request(self, effect: str, **params: Any) -> str:
-        rid = uuid.uuid4().hex[:12]
-        return self.write({"version": 1, "id": rid, "effect": effect, "params": params})
-
-    def cli(self, *args: str) -> str:
-        done = run_broker(*args, "--config", str(self.config), home=self.home)
-        assert done.returncode == 0, done.stderr
-        return done.stdout
+from tests.support import ServeSite as Site
+from tests.support import Serving, line
 
 
 @pytest.fixture
@@ -68,28 +22,9 @@ def site(tmp_path: Path, home: Path) -> Site:
 
 @pytest.fixture
 def serving(site: Site) -> Iterator[Serving]:
-    s = Serving(
-        site.home,
-        "--config",
-        str(site.config),
-        "--outbox",
-        str(site.outbox),
-        "--results",
-        str(site.results),
-        "--sandbox",
-        "sb1",
-    )
-    s.line_with("serving sandboxes")
+    s = site.serve()
     yield s
     s.close()
-
-
-def line(s: Serving, *words: str) -> str:
-    """The next log line holding every one of `words`."""
-    while True:
-        found = s.line_with(words[0])
-        if all(w in found for w in words):
-            return found
 
 
 def test_each_request_event_is_one_line(site: Site, serving: Serving) -> None:

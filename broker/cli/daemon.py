@@ -2,9 +2,10 @@
 
     with daemon(args) as d:                  # logging, config, registry, policy, notifier
         ...                                  # the command's own checks; build what serves
-        d.start(wake=broker.wake, banner=…)  # signals, the web inbox, what serves
+        d.observe(broker)                    # the request log, metrics, traces
+        d.start(wake=broker.wake, banner=…)  # signals, the web inbox, metrics, what serves
         ...                                  # serve until stopped
-                                             # leaving: the web inbox stops
+                                             # leaving: the web inbox stops, traces flush
 
 Every fault on the way is one line on stderr and exit 2, before anything is served.
 """
@@ -27,6 +28,7 @@ from broker.cli.common import assemble, err, guarded
 from broker.config import Config
 from broker.policy import Policy
 from broker.registry import Registry
+from broker.telemetry import Telemetry
 
 if TYPE_CHECKING:
     from broker.notify import Notifier
@@ -67,13 +69,13 @@ class Daemon:
     stop: threading.Event = field(default_factory=threading.Event)
     web: WebServer | None = None
 
-    def observe(self, broker: Broker) -> None:
-        """Log each request event of `broker` (`broker.requests`, INFO)."""
-        from broker.eventlog import ServeLog
-        from broker.observe import Tap
+    telemetry: Telemetry | None = None
 
-        tap = Tap.on(broker)
-        tap.observers.append(ServeLog(broker.ledger))
+    def observe(self, broker: Broker) -> None:
+        """Log each request event of `broker` (`broker.requests`, INFO); keep its metrics
+        and traces when broker.toml asks for them."""
+        if self.telemetry is not None:
+            self.telemetry.attach(broker)
 
     def start(
         self,
@@ -90,10 +92,16 @@ class Daemon:
         """
         _on_signals(self.stop, wake, interrupt)
         self.web = guarded(lambda: _start_web(self))
+        told: list[str] = []
+        telemetry, insecure = self.telemetry, self.args.insecure_listen
+        if telemetry is not None:
+            told = guarded(lambda: telemetry.start(insecure=insecure))  # the metrics port
         if banner is not None:
             err.print(banner)
         if self.web is not None:
             err.print(f"broker: web inbox on {self.web.url}")
+        for line in told:
+            err.print(line)
 
 
 @contextmanager
@@ -103,11 +111,13 @@ def daemon(args: DaemonArgs, *, quiet: bool = False) -> Iterator[Daemon]:
     _logging(args.verbose, quiet)
     cfg, registry, pol = assemble(args.config, args.state, args.policy)
     d = Daemon(args, cfg, registry, pol, guarded(lambda: notifier_for(cfg)))
+    d.telemetry = guarded(lambda: Telemetry.from_config(cfg, registry))
     try:
         yield d
     finally:
         if d.web is not None:
             d.web.stop()
+        d.telemetry.close()
 
 
 def notifier_for(cfg: Config) -> Notifier | None:
@@ -120,7 +130,10 @@ def notifier_for(cfg: Config) -> Notifier | None:
 def _start_web(d: Daemon) -> WebServer | None:
     from broker.web.server import start_web  # fastapi and uvicorn: only when serving
 
-    return start_web(d.cfg, d.registry, d.args.listen, insecure=d.args.insecure_listen)
+    metrics = d.telemetry.web_metrics if d.telemetry is not None else None
+    return start_web(
+        d.cfg, d.registry, d.args.listen, insecure=d.args.insecure_listen, metrics=metrics
+    )
 
 
 def _logging(verbose: bool, quiet: bool) -> None:

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -38,6 +38,9 @@ from broker.slack.settings import slack_settings
 from broker.web import api, pages, slack, waiting
 from broker.web.auth import Gate, Sessions, load_approvers
 from broker.web.inbox import Inbox
+
+if TYPE_CHECKING:
+    from broker.metrics import Metrics
 
 STATIC = Path(__file__).parent / "static"
 CSP = (
@@ -104,8 +107,10 @@ def create_app(
     registry: Registry,
     *,
     ledger_factory: Callable[[], Ledger] | None = None,
+    metrics: Metrics | None = None,
 ) -> FastAPI:
-    """The web surface over `config`'s ledger; raises ConfigError for a bad [web]/[approvers]."""
+    """The web surface over `config`'s ledger (and `metrics` at /metrics, when given);
+    raises ConfigError for a bad [web]/[approvers]."""
     settings = web_settings(config)
     gate = Gate(load_approvers(config.approvers), Sessions(settings.session_ttl_s))
     inbox = Inbox(config, registry, ledger_factory or (lambda: Ledger(config.ledger_path)))
@@ -137,10 +142,25 @@ def create_app(
     app.include_router(slack.router)
     app.include_router(pages.router)
     app.include_router(waiting.router)
+    if metrics is not None:
+        app.add_api_route(
+            "/metrics", _metrics_page(metrics), methods=["GET"], include_in_schema=False
+        )
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     _handle_errors(app, renderer)
     app.add_middleware(SecurityHeaders)
     return app
+
+
+def _metrics_page(metrics: Metrics) -> Callable[[], Response]:
+    """Prometheus' text format, unauthenticated as scrapers expect: only counts and
+    timings by registered effect names, nothing from a sandbox."""
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    def page() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return page
 
 
 def _is_api(request: Request) -> bool:

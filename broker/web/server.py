@@ -16,6 +16,7 @@ import logging
 import socket
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -24,6 +25,9 @@ from broker.config import Config
 from broker.errors import ConfigError
 from broker.registry import Registry
 from broker.web.app import WebSettings, create_app, web_settings
+
+if TYPE_CHECKING:
+    from broker.metrics import Metrics
 
 log = logging.getLogger("broker.web")
 
@@ -121,16 +125,22 @@ class WebServer:
 
 
 def start_web(
-    config: Config, registry: Registry, listen: str | None, *, insecure: bool = False
+    config: Config,
+    registry: Registry,
+    listen: str | None,
+    *,
+    insecure: bool = False,
+    metrics: Metrics | None = None,
 ) -> WebServer | None:
-    """Serve the inbox on `listen` (else [web] listen); None when neither is given."""
+    """Serve the inbox on `listen` (else [web] listen), and `metrics` at /metrics; None
+    when neither listen address is given."""
     settings = web_settings(config)
     listen = listen or settings.listen
     if not listen:
         return None
     host, port = parse_listen(listen)
     check_listen(host, tls=settings.tls, insecure=insecure)
-    app = create_app(config, registry)
+    app = create_app(config, registry, metrics=metrics)
     server = WebServer(app, settings).start(host, port)
     log.debug("web inbox on %s", server.url)
     return server
