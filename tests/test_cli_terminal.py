@@ -178,6 +178,16 @@ def test_read_commands_name_the_state_dir_they_read(h: BrokerHarness, tmp_path: 
         check=False,
     )
     assert tail.stdout.strip() == f"no audit log at {nowhere / 'audit.jsonl'}"
+    export = subprocess.run(
+        [str(BROKER), "audit", "export", "--state", str(nowhere)],
+        capture_output=True,
+        text=True,
+        env=clean_env(h.base),
+        timeout=30,
+        check=False,
+    )
+    assert export.returncode == 0 and export.stdout == ""
+    assert export.stderr.strip() == f"no audit log at {nowhere / 'audit.jsonl'}"
 
 
 def _decide_at_pty(h: BrokerHarness, *args: str) -> pexpect.spawn[str]:

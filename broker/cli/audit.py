@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from broker import audit as audit_log
-from broker.cli.common import ConfigOpt, JsonOpt, StateOpt, config_only, fail, guarded, out
+from broker.cli.common import ConfigOpt, JsonOpt, StateOpt, config_only, err, fail, guarded, out
 from broker.cli.listing import Column, TsvOpt, choose, show
 from broker.render import terminal
 
@@ -87,6 +87,8 @@ def export(
     """Write the audit events (JSON lines, with their hashes) since a time to stdout."""
     path = config_only(config, state).audit_path
     cutoff = _cutoff(since) if since else None
+    if not path.exists():  # stdout stays the (empty) stream; the person reads stderr
+        err.print(f"no audit log at {terminal(str(path))}")
     for _, event, _raw in audit_log.read_events(path):
         if event is not None and (cutoff is None or str(event.get("at", "")) >= cutoff):
             sys.stdout.write(json.dumps(event) + "\n")
