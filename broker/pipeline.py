@@ -109,17 +109,8 @@ class Broker:
     def notify_with(self, notifier: Notifier) -> None:
         """Tell people through `notifier` whenever a request starts waiting (and update
         Slack's message when it reaches its outcome)."""
-        from broker.approval import card
-
         self.notifier = notifier
-
-        def on_pending(record: Record) -> None:
-            if record.state == "pending":
-                notifier.pending(card(self.ledger, record, self.registry))
-            elif record.terminal and notifier.slack is not None:
-                notifier.settled(card(self.ledger, record, self.registry), record.output)
-
-        self.on_change.append(on_pending)
+        self.on_change.append(lambda record: notifier.observe(self.ledger, record, self.registry))
 
     # -- what is served -----------------------------------------------------------------
 
