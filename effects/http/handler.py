@@ -43,6 +43,7 @@ class HttpRequest(Handler):
     name = "http.request"
     reversible = False
     idempotent = False
+    assess_inline = True  # reversible_for reads the method
     undo = (
         "the broker cannot take back a request that changed something; GET, HEAD and "
         "OPTIONS change nothing and need no undo"
