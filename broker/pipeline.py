@@ -75,11 +75,13 @@ class Broker:
         self.ledger = ledger or Ledger(config.ledger_path)
         self.redact = Redactor(config.secret_values())
         self.lifecycle = Lifecycle(self.ledger, self.redact)
-        validator = Validator(registry.schemas())
+        validator = Validator(registry.schema)  # each effect's compiled when first seen
         self.claims = intake.Claims(config.limits, validator, config.state_dir)
         self.admission = Admission(config, registry, policy, validator, self.lifecycle)
         self.audit = AuditWriter(self.ledger, AuditLog(config.audit_path))
-        self.catalogue = catalogue.render(registry, policy)  # published into each results dir
+        # published into each results dir; what the handlers declare is kept in the state
+        # dir, so a start imports only the handlers it uses
+        self.catalogue = catalogue.render(registry, policy, config.state_dir / "effects.cache")
         self.served = Served(
             config.state_dir / "control",
             lambda box: catalogue.publish(box.results_fd, self.catalogue, box.sandbox),

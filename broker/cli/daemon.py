@@ -109,7 +109,9 @@ def notifier_for(cfg: Config) -> Notifier | None:
 
 
 def _start_web(d: Daemon) -> WebServer | None:
-    from broker.web.server import start_web  # fastapi and uvicorn: only when serving
+    if not (d.args.listen or d.cfg.web):
+        return None  # no inbox asked for: fastapi and uvicorn are not even imported
+    from broker.web.server import start_web
 
     return start_web(d.cfg, d.registry, d.args.listen, insecure=d.args.insecure_listen)
 
