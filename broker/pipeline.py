@@ -354,9 +354,8 @@ class Broker:
         """Fast handlers, safe to repeat, applied in their request's own commit (a crash
         before it commits reads the claimed file again and applies it again)."""
         for record in batch.inline:
-            self._in_flight.add(record.key)
             effect = self.registry.effect(record.effect or "")
-            self._finish(call(effect, record, self.config, self.started), batch)
+            self._finished(record, call(effect, record, self.config, self.started), batch)
         batch.inline.clear()
 
     def _finish(self, done: Applied, batch: Batch) -> None:
@@ -365,6 +364,9 @@ class Broker:
         if record is None or record.state != "applying":
             return
         batch.settled.append(record)
+        self._finished(record, done, batch)
+
+    def _finished(self, record: Record, done: Applied, batch: Batch) -> None:
         record = self.lifecycle.finish(record, done.status, done.reason, done.output, done.issues)
         batch.answer.append(record)
         batch.answer.extend(self.lifecycle.settle_replays(record))
