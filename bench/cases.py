@@ -119,13 +119,23 @@ def _exercise(
     return out
 
 
-def raw(cells: Cells, seq_n: int, burst_n: int, *, fsync: bool = False) -> dict[str, Any]:
-    cell = cells.new("raw-fsync" if fsync else "raw")
+def raw(
+    cells: Cells, seq_n: int, burst_n: int, *, fsync: bool = False, floor: str = ""
+) -> dict[str, Any]:
+    """The raw loop; `floor` = "journal" adds the ledger's least durability (one
+    fdatasync'ed append per request), "files.write" that plus the effect's own work."""
+    cell = cells.new(f"raw-{floor}" if floor else "raw-fsync" if fsync else "raw")
     outbox, results = cell / "outbox", cell / "results"
     outbox.mkdir()
     results.mkdir()
-    with procs.raw(outbox, results, cell / "server.log", fsync=fsync) as server:
-        return _exercise([(str(outbox), str(results))], "bench.noop", cell, seq_n, burst_n, server)
+    journal = cell / "journal" if floor else None
+    write = cell / "exports" if floor == "files.write" else None
+    if write is not None:
+        write.mkdir()
+    effect = "files.write" if floor == "files.write" else "bench.noop"
+    log = cell / "server.log"
+    with procs.raw(outbox, results, log, fsync=fsync, journal=journal, write=write) as server:
+        return _exercise([(str(outbox), str(results))], effect, cell, seq_n, burst_n, server)
 
 
 def _layout(cell: Path, boxes: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:
@@ -299,11 +309,22 @@ def start_times(cells: Cells, repeats: int) -> dict[str, list[float]]:
     broker_cli = str(Path(sys.executable).parent / "broker")
     bare = ["docker", "run", "--rm", "--network", "none", IMAGE, "true"]
     ours = [broker_cli, "run", "--config", str(config), "--", "true"]
-    times: dict[str, list[float]] = {"docker": [], "broker": []}
+    times: dict[str, list[float]] = {"docker": [], "broker": [], "thin": []}
     subprocess.run(bare, check=True, capture_output=True)  # warm the engine's caches
+    subprocess.run(ours, check=True, capture_output=True)  # and the broker's (its facts)
     for _ in range(repeats):
         for key, argv in (("docker", bare), ("broker", ours)):
-            start = time.perf_counter()
-            subprocess.run(argv, check=True, capture_output=True, stdin=subprocess.DEVNULL)
-            times[key].append(time.perf_counter() - start)
+            times[key].append(_timed(argv))
+    # beside a broker that serves the state dir: `run` hands its sandbox over
+    (cell / "exports").mkdir()
+    spec = {"state": str(state), "exports": str(cell / "exports")}
+    with procs.broker(spec, cell / "serve.log"):
+        for _ in range(repeats):
+            times["thin"].append(_timed(ours))
     return times
+
+
+def _timed(argv: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(argv, check=True, capture_output=True, stdin=subprocess.DEVNULL)
+    return time.perf_counter() - start

@@ -76,9 +76,23 @@ def broker(spec: dict[str, Any], log: Path) -> Server:
     return Server([sys.executable, "-m", "bench.server", json.dumps(spec)], log=log)
 
 
-def raw(outbox: Path, results: Path, log: Path, *, fsync: bool = False) -> Server:
+def raw(
+    outbox: Path,
+    results: Path,
+    log: Path,
+    *,
+    fsync: bool = False,
+    journal: Path | None = None,
+    write: Path | None = None,
+) -> Server:
     argv = [sys.executable, "-m", "bench.raw", str(outbox), str(results)]
-    return Server([*argv, "--fsync"] if fsync else argv, log=log)
+    if fsync:
+        argv.append("--fsync")
+    if journal is not None:
+        argv += ["--journal", str(journal)]
+    if write is not None:
+        argv += ["--write", str(write)]
+    return Server(argv, log=log)
 
 
 def peer(kind: str, outbox: Path, results: Path, log: Path) -> Server:

@@ -18,6 +18,7 @@ from typing import Any
 
 from bench.handlers import Noop
 from broker.config import Config
+from broker.events import Applied, FileSeen
 from broker.outbox import attach
 from broker.pipeline import Broker
 from broker.policy import Policy
@@ -53,8 +54,8 @@ def trace_steps(broker: Broker, path: str) -> None:
 
     def traced(items: Any) -> None:
         items = list(items)
-        files = sum(1 for i in items if i[0] == "file")
-        done = sum(1 for i in items if i[0] == "done")
+        files = sum(1 for i in items if isinstance(i, FileSeen))
+        done = sum(1 for i in items if isinstance(i, Applied))
         start = time.perf_counter()
         step(items)
         if items:

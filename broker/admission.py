@@ -125,11 +125,9 @@ class Admission:
         if verdict.action == "deny":
             raise PolicyDenied(f"denied by policy ({verdict.rule}): {verdict.reason}", verdict.rule)
         if verdict.action == "auto":
-            record = self.lifecycle.auto(record, verdict)
-            if effect.inline and _safe_to_repeat(effect, record, self.config):
-                batch.inline.append(record)
-            else:
-                batch.apply.append(record)
+            inline = effect.inline and _safe_to_repeat(effect, record, self.config)
+            record = self.lifecycle.auto(record, verdict, write=not inline)
+            (batch.inline if inline else batch.apply).append(record)
             return
         self._check_cap(record)
         if preview is None:

@@ -24,6 +24,7 @@ from broker.faults import fault
 from broker.marks import StartMarks
 from broker.models import Record
 from broker.registry import Effect
+from effects.base import Context
 
 log = logging.getLogger("broker")
 MAX_ABANDONED = 32  # hung threads tolerated before overdue jobs keep their slot
@@ -170,7 +171,7 @@ def call(effect: Effect, record: Record, config: Config, marks: StartMarks) -> A
     try:
         params = record.envelope["params"]
         ctx = context_for(config, record)
-        if not idempotent(effect, record, config):
+        if not idempotent(effect, record, config, ctx):
             marks.mark(record)
         fault("before_apply")
         output = effect.apply(params, ctx)
@@ -191,10 +192,11 @@ def call(effect: Effect, record: Record, config: Config, marks: StartMarks) -> A
         )
 
 
-def idempotent(effect: Effect, record: Record, config: Config) -> bool:
+def idempotent(effect: Effect, record: Record, config: Config, ctx: Context | None = None) -> bool:
     """Whether this request may be applied again (the handler's per-request answer)."""
     try:
-        return effect.idempotent_for(record.envelope.get("params", {}), context_for(config, record))
+        ctx = ctx if ctx is not None else context_for(config, record)
+        return effect.idempotent_for(record.envelope.get("params", {}), ctx)
     except Exception:  # when in doubt, a person reconciles
         log.exception("idempotent_for of %s/%s failed", record.sandbox, record.id)
         return False

@@ -71,21 +71,7 @@ def decide(
         raise DecisionError("a decision needs the name of the person who took it")
     with ledger.transaction():
         record = ledger.find(ref)
-        if record.state != "pending":
-            raise DecisionError(
-                f"{record.sandbox}/{record.id} is not waiting for a decision (it is {record.state})"
-            )
-        deadline = parse_iso(record.expires_at)
-        if deadline is not None and deadline <= clock.now():
-            raise DecisionError(
-                f"{record.sandbox}/{record.id}: its deadline passed at {record.expires_at}; "
-                f"it resolves by its on_timeout ({record.on_timeout})"
-            )
-        if sha256 is not None and not _same_sha(sha256, record.sha256 or ""):
-            raise DecisionError(
-                f"{record.sandbox}/{record.id}: the decision is for request {sha256[:12]}…, "
-                f"but the request is {str(record.sha256)[:12]}…; look at it again"
-            )
+        _check_decidable(record, sha256)
         previous = ledger.decisions(*record.key)
         if any(d.approver == approver for d in previous):
             raise DecisionError(
@@ -116,22 +102,43 @@ def decide(
                 surface=surface,
             )
         )
-        have = [d.approver for d in previous if d.verdict == "approve"]
-        need = needed(record)
-        life = Lifecycle(ledger)
-        if verdict == "deny":
-            record = life.refuse(record, approver, str(reason), stamp)
-            return Outcome(record, True, len(have), need)
-        have.append(approver)
-        if len(have) < need:
-            return Outcome(record, False, len(have), need)
-        said = [
-            f"{d.approver}: {d.reason}" if d.reason else d.approver
-            for d in [*previous, decision]
-            if d.verdict == "approve"
-        ]
-        record = life.approve(record, ", ".join(have), "approved by " + "; ".join(said), stamp)
-    return Outcome(record, True, len(have), need)
+        return _settle(ledger, record, [*previous, decision], stamp)
+
+
+def _check_decidable(record: Record, sha256: str | None) -> None:
+    """Refuse a decision on a request that is not waiting, past its deadline, or other
+    bytes than the decider saw."""
+    where = f"{record.sandbox}/{record.id}"
+    if record.state != "pending":
+        raise DecisionError(f"{where} is not waiting for a decision (it is {record.state})")
+    deadline = parse_iso(record.expires_at)
+    if deadline is not None and deadline <= clock.now():
+        raise DecisionError(
+            f"{where}: its deadline passed at {record.expires_at}; "
+            f"it resolves by its on_timeout ({record.on_timeout})"
+        )
+    if sha256 is not None and not _same_sha(sha256, record.sha256 or ""):
+        raise DecisionError(
+            f"{where}: the decision is for request {sha256[:12]}…, "
+            f"but the request is {str(record.sha256)[:12]}…; look at it again"
+        )
+
+
+def _settle(ledger: Ledger, record: Record, decisions: list[Decision], stamp: str) -> Outcome:
+    """A denial settles it; approvals settle it once there are enough of them."""
+    last = decisions[-1]
+    need = needed(record)
+    approvals = [d for d in decisions if d.verdict == "approve"]
+    life = Lifecycle(ledger)
+    if last.verdict == "deny":
+        record = life.refuse(record, last.approver, str(last.reason), stamp)
+        return Outcome(record, True, len(approvals), need)
+    if len(approvals) < need:
+        return Outcome(record, False, len(approvals), need)
+    said = "; ".join(f"{d.approver}: {d.reason}" if d.reason else d.approver for d in approvals)
+    by = ", ".join(d.approver for d in approvals)
+    record = life.approve(record, by, f"approved by {said}", stamp)
+    return Outcome(record, True, len(approvals), need)
 
 
 def decide_and_wake(

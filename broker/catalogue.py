@@ -15,32 +15,86 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterable, Mapping
 from fnmatch import fnmatchcase
+from pathlib import Path
 from typing import Any
 
 from broker.policy import Policy, Rule, default_verdict
 from broker.registry import Registry
 from effects.base import EffectHandler
 
-__all__ = ["CATALOGUE_NAME", "VERSION", "build", "description", "publish", "render"]
+__all__ = ["CATALOGUE_NAME", "VERSION", "build", "effect_facts", "publish", "render"]
 
 CATALOGUE_NAME = ".effects.json"
 VERSION = 1
 log = logging.getLogger("broker.catalogue")
 
 
-def build(registry: Registry, policy: Policy) -> dict[str, Any]:
-    """The catalogue as a JSON object: one entry per registered effect, by name."""
+def build(registry: Registry, policy: Policy, cache: Path | None = None) -> dict[str, Any]:
+    """The catalogue as a JSON object: one entry per registered effect, by name. With
+    `cache` (a file in the state dir), what each handler declares is kept there, so a
+    broker does not import every handler to publish it."""
     return {
         "version": VERSION,
-        "effects": [_entry(handler, policy) for handler in registry],
+        "effects": [_entry(facts, policy) for facts in effect_facts(registry, cache)],
     }
 
 
-def render(registry: Registry, policy: Policy) -> bytes:
+def render(registry: Registry, policy: Policy, cache: Path | None = None) -> bytes:
     """The catalogue's bytes, as published (computed once per broker)."""
-    return json.dumps(build(registry, policy), indent=1, ensure_ascii=False).encode() + b"\n"
+    data = build(registry, policy, cache)
+    return json.dumps(data, indent=1, ensure_ascii=False).encode() + b"\n"
+
+
+def effect_facts(registry: Registry, cache: Path | None = None) -> list[dict[str, Any]]:
+    """What every effect's handler declares (name, flags, undo, schema, description),
+    from `cache` where the entry point behind it has not changed since."""
+    kept: dict[str, Any] = {}
+    if cache is not None:
+        try:
+            kept = json.loads(cache.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            kept = {}
+    found, changed = [], False
+    for name in registry.names():
+        key = registry.fingerprint(name)
+        hit = kept.get(name) if isinstance(kept, dict) else None
+        if key is not None and isinstance(hit, dict) and hit.get("key") == key:
+            found.append(hit["facts"])
+            continue
+        facts = _facts(registry.get(name))
+        if key is not None:
+            kept[name] = {"key": key, "facts": facts}
+            changed = True
+        found.append(facts)
+    if changed and cache is not None:
+        _keep(cache, kept)
+    return found
+
+
+def _facts(handler: EffectHandler) -> dict[str, Any]:
+    schema = dict(handler.schema)
+    return {
+        "name": handler.name,
+        "description": _description(handler, schema),
+        "reversible": handler.reversible,
+        "idempotent": handler.idempotent,
+        "undo": handler.undo,
+        "params_schema": schema,
+        "varies": _varies(handler),
+    }
+
+
+def _keep(cache: Path, kept: dict[str, Any]) -> None:
+    try:
+        cache.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(kept), encoding="utf-8")
+        os.replace(tmp, cache)
+    except OSError as exc:  # a cache: the next start builds it again
+        log.debug("cannot keep the effect facts in %s: %s", cache, exc)
 
 
 def publish(results_fd: int, data: bytes, sandbox: str = "?") -> bool:
@@ -58,23 +112,17 @@ def publish(results_fd: int, data: bytes, sandbox: str = "?") -> bool:
     return True
 
 
-def _entry(handler: EffectHandler, policy: Policy) -> dict[str, Any]:
-    schema = handler.schema
-    rules = list(_approval(handler, policy))
+def _entry(facts: Mapping[str, Any], policy: Policy) -> dict[str, Any]:
+    rules = list(_approval(facts, policy))
     return {
-        "name": handler.name,
-        "description": _description(handler, schema),
-        "reversible": handler.reversible,
-        "idempotent": handler.idempotent,
-        "undo": handler.undo,
-        "params_schema": schema,
+        "name": facts["name"],
+        "description": facts["description"],
+        "reversible": facts["reversible"],
+        "idempotent": facts["idempotent"],
+        "undo": facts["undo"],
+        "params_schema": facts["params_schema"],
         "approval": {"summary": _summary(rules), "rules": rules},
     }
-
-
-def description(handler: EffectHandler) -> str:
-    """One line saying what the effect does (its schema's title, else its docstring)."""
-    return _description(handler, handler.schema)
 
 
 def _description(handler: EffectHandler, schema: Mapping[str, Any]) -> str:
@@ -85,16 +133,16 @@ def _description(handler: EffectHandler, schema: Mapping[str, Any]) -> str:
     return doc[0] if doc else handler.name
 
 
-def _approval(handler: EffectHandler, policy: Policy) -> Iterable[dict[str, Any]]:
+def _approval(facts: Mapping[str, Any], policy: Policy) -> Iterable[dict[str, Any]]:
     """The rules that may decide this effect, in order; the default if one may be reached."""
     for rule in policy.rules:
-        if not fnmatchcase(handler.name, rule.effect):
+        if not fnmatchcase(facts["name"], rule.effect):
             continue
         yield _rule(rule)
         if not rule.when:
             return  # an unconditional rule: nothing after it is ever reached
-    defaults = [handler.reversible]
-    if handler.reversible and _varies(handler):
+    defaults = [facts["reversible"]]
+    if facts["reversible"] and facts["varies"]:
         defaults.append(False)  # some requests of this effect cannot be undone
     for reversible in defaults:
         verdict = default_verdict(reversible)

@@ -19,9 +19,9 @@ def iso(moment: datetime | None) -> str | None:
     """RFC 3339 with milliseconds and a Z, as results and the audit log show time."""
     if moment is None:
         return None
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + (
-        f"{moment.microsecond // 1000:03d}Z"
-    )
+    if moment.tzinfo is not UTC:
+        moment = moment.astimezone(UTC)
+    return moment.isoformat(timespec="milliseconds")[:-6] + "Z"  # "+00:00" → "Z"
 
 
 def parse_iso(text: str | None) -> datetime | None:

@@ -310,21 +310,10 @@ def load_config(
     ):
         raise ConfigError(f"{path}: [integrations.NAME] must be tables")
     _check_no_literal_secrets(integrations, "integrations")
-    limits = Limits(
-        max_request_bytes=_positive_int(section, "max_request_bytes", Limits.max_request_bytes),
-        max_depth=_positive_int(section, "max_depth", Limits.max_depth),
-        max_attachment_bytes=_positive_int(
-            section, "max_attachment_bytes", Limits.max_attachment_bytes
-        ),
-        attachment_grace_s=_duration(section.get("attachment_grace", "5m"), "attachment_grace"),
-        max_pending_per_sandbox=_positive_int(
-            section, "max_pending_per_sandbox", Limits.max_pending_per_sandbox
-        ),
-    )
     return Config(
         state_dir=state.absolute(),
         policy_path=policy_path.absolute() if policy_path else None,
-        limits=limits,
+        limits=_limits(section),
         integrations=integrations,
         sandbox=data.get("sandbox", {}),
         notify=data.get("notify", {}),
@@ -336,4 +325,19 @@ def load_config(
         preview_timeout_s=_duration(section.get("preview_timeout", "30s"), "preview_timeout"),
         allow_as=bool(section.get("allow_as", False)),
         source=path,
+    )
+
+
+def _limits(section: Mapping[str, Any]) -> Limits:
+    """[broker]'s bounds on what a sandbox may hand the broker."""
+    return Limits(
+        max_request_bytes=_positive_int(section, "max_request_bytes", Limits.max_request_bytes),
+        max_depth=_positive_int(section, "max_depth", Limits.max_depth),
+        max_attachment_bytes=_positive_int(
+            section, "max_attachment_bytes", Limits.max_attachment_bytes
+        ),
+        attachment_grace_s=_duration(section.get("attachment_grace", "5m"), "attachment_grace"),
+        max_pending_per_sandbox=_positive_int(
+            section, "max_pending_per_sandbox", Limits.max_pending_per_sandbox
+        ),
     )

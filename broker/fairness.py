@@ -3,9 +3,10 @@ makes a neighbour wait for one batch at most."""
 
 from __future__ import annotations
 
+import queue
 from collections import deque
 
-from broker.events import FileSeen
+from broker.events import Event, FileSeen
 
 MAX_BATCH = 64  # files taken per wake-up
 
@@ -44,3 +45,27 @@ class Backlog:
                 if len(taken) >= self.max_batch:
                     break
         return taken
+
+    def wake_up(self, events: queue.Queue[Event], timeout: float) -> list[Event]:
+        """What one wake-up handles: every other event that came, and a fair share of
+        the files seen (waiting up to `timeout` for something, unless files wait)."""
+        items: list[Event] = []
+        if self:
+            timeout = 0  # files wait: take what came, do not sleep
+        try:
+            first: Event | None = (
+                events.get(timeout=timeout) if timeout > 0 else events.get_nowait()
+            )
+        except queue.Empty:
+            first = None
+        while first is not None:
+            if isinstance(first, FileSeen):
+                self.add(first)
+            else:
+                items.append(first)
+            try:
+                first = events.get_nowait()
+            except queue.Empty:
+                first = None
+        items.extend(self.take())
+        return items

@@ -16,6 +16,7 @@ import os
 import shutil
 import stat
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -313,6 +314,28 @@ class Claims:
                     name,
                     self.limits.attachment_grace_s,
                 )
+
+
+class Consumed:
+    """Claimed files whose request is recorded, removed when the loop is idle: unlinks
+    can be slow, and the loop must stay responsive."""
+
+    def __init__(self) -> None:
+        self._files: deque[tuple[Outbox, str]] = deque()
+
+    def __bool__(self) -> bool:
+        return bool(self._files)
+
+    def add(self, box: Outbox, claimed: str) -> None:
+        self._files.append((box, claimed))
+
+    def purge(self, budget_s: float | None = None) -> None:
+        """Remove all of them, or as many as fit in `budget_s`."""
+        end = None if budget_s is None else time.monotonic() + budget_s
+        while self._files and (end is None or time.monotonic() < end):
+            box, name = self._files.popleft()
+            if box.claim_fd >= 0:
+                remove(box, name)
 
 
 def remove(box: Outbox, claimed: str) -> None:

@@ -9,7 +9,6 @@ log; so no commit can lose its audit line.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -18,6 +17,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from broker import codec
 from broker.errors import AmbiguousRequest, LedgerError, RequestNotFound
 from broker.models import Decision, Record
 
@@ -92,7 +92,7 @@ def _row_to_record(row: sqlite3.Row) -> Record:
     data = {k: v for k, v in dict(row).items() if k in _RECORD_FIELDS}
     for key in _JSON_COLUMNS:
         if data.get(key) is not None:
-            data[key] = json.loads(data[key])
+            data[key] = codec.loads(data[key])
     if data.get("reversible") is not None:
         data["reversible"] = bool(data["reversible"])
     return Record(**data)
@@ -106,7 +106,7 @@ def _migrate(db: sqlite3.Connection) -> None:
 
 
 def _dump(value: Any) -> Any:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return codec.dumps(value)
 
 
 class Ledger:
@@ -129,6 +129,7 @@ class Ledger:
             raise LedgerError(f"{path}: cannot open the ledger: {exc}") from exc
         self._lock = threading.RLock()
         self._depth = 0
+        self._audit_rows: list[tuple[str]] = []  # queued in this transaction
 
     def close(self) -> None:
         self._db.close()
@@ -157,6 +158,7 @@ class Ledger:
                 raise
             self._depth = 0
             try:
+                self._write_audit()
                 self._db.execute("COMMIT")
             except sqlite3.Error as exc:
                 self._rollback()
@@ -164,6 +166,7 @@ class Ledger:
 
     def _rollback(self) -> None:
         """Undo the open transaction, if SQLite has not already (it has, on a full disk)."""
+        self._audit_rows.clear()
         if self._db.in_transaction:
             try:
                 self._db.execute("ROLLBACK")
@@ -174,9 +177,11 @@ class Ledger:
     def savepoint(self) -> Iterator[None]:
         """A part of the current transaction that can fail alone."""
         self._exec("SAVEPOINT one")
+        queued = len(self._audit_rows)
         try:
             yield
         except BaseException:
+            del self._audit_rows[queued:]
             self._exec("ROLLBACK TO one")
             self._exec("RELEASE one")
             raise
@@ -368,13 +373,24 @@ class Ledger:
     # -- the audit queue --------------------------------------------------------
 
     def queue_audit(self, event: dict[str, Any]) -> None:
-        self._exec("INSERT INTO audit_queue (event) VALUES (?)", (_dump(event),))
+        """Queue an event for the log, in the current transaction (written in one
+        statement when it commits)."""
+        row = (_dump(event),)
+        if self._depth:
+            self._audit_rows.append(row)
+        else:
+            self._exec("INSERT INTO audit_queue (event) VALUES (?)", row)
+
+    def _write_audit(self) -> None:
+        if self._audit_rows:
+            self._db.executemany("INSERT INTO audit_queue (event) VALUES (?)", self._audit_rows)
+            self._audit_rows.clear()
 
     def audit_backlog(self, after: int = 0) -> list[tuple[int, dict[str, Any]]]:
         rows = self._exec(
             "SELECT seq, event FROM audit_queue WHERE seq > ? ORDER BY seq", (after,)
         ).fetchall()
-        return [(int(r[0]), json.loads(r[1])) for r in rows]
+        return [(int(r[0]), codec.loads(r[1])) for r in rows]
 
     def drop_audit(self, upto: int, head: str) -> None:
         """Forget events the log holds, and remember the log's head for `verify`."""
@@ -390,5 +406,5 @@ class Ledger:
         row = self._exec("SELECT value FROM meta WHERE key = 'audit_head'").fetchone()
         if row is None:
             return None
-        seq, head = json.loads(row[0])
+        seq, head = codec.loads(row[0])
         return int(seq), str(head)

@@ -81,6 +81,11 @@ class Lifecycle:
         changes.setdefault("seen", record.seen)
         return self.ledger.update(record, **changes)
 
+    def _unwritten(self, record: Record, **changes: Any) -> Record:
+        if record.seq is not None or changes["state"] not in ALLOWED[None]:
+            return self._move(record, **changes)
+        return record.evolve(**changes)
+
     # -- a new request --------------------------------------------------------------
 
     def receive(self, record: Record) -> None:
@@ -113,9 +118,12 @@ class Lifecycle:
         """Recorded, waiting for work off the loop (an assessment or a preview)."""
         return self._move(record, state="received")
 
-    def auto(self, record: Record, verdict: Verdict) -> Record:
-        """The policy applies it without a person."""
-        record = self._move(
+    def auto(self, record: Record, verdict: Verdict, *, write: bool = True) -> Record:
+        """The policy applies it without a person. With `write` False the row is written
+        by the request's next move in the same transaction (an inline apply's finish):
+        one write instead of two, and nothing committed in between either way."""
+        move = self._move if write else self._unwritten
+        record = move(
             record,
             state="applying",
             verdict=verdict.to_json(),

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, Literal
 
+from broker import codec
 from broker.clock import iso, now, parse_iso
 
 __all__ = [
@@ -301,7 +302,7 @@ class Record:
 
     @cached_property
     def envelope(self) -> dict[str, Any]:
-        return json.loads(self.payload) if self.payload else {}
+        return codec.loads(self.payload) if self.payload else {}
 
     def result(self) -> Result | None:
         """The result file this row shows, or None while there is nothing to show."""

@@ -36,6 +36,8 @@ from broker.errors import ConfigError
 from broker.render import neutralize
 
 if TYPE_CHECKING:
+    from broker.ledger import Ledger, Record
+    from broker.registry import Registry
     from broker.slack.notifier import SlackNotifier
 
 log = logging.getLogger("broker.notify")
@@ -147,6 +149,16 @@ class Notifier:
         self._seen: set[tuple[str, str]] = set()
         self._thread = threading.Thread(target=self._run, name="broker-notify", daemon=True)
         self._thread.start()
+
+    def observe(self, ledger: Ledger, record: Record, registry: Registry) -> None:
+        """An observer of results: tell of a request that starts waiting, and update
+        Slack's message once it reaches its outcome."""
+        from broker.approval import card
+
+        if record.state == "pending":
+            self.pending(card(ledger, record, registry))
+        elif record.terminal and self.slack is not None:
+            self.settled(card(ledger, record, registry), record.output)
 
     def pending(self, card: Mapping[str, Any]) -> None:
         """Queue one message per webhook for a request that started waiting."""

@@ -9,6 +9,7 @@ hint: a periodic rescan converges on the real contents when events are lost.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -133,6 +134,7 @@ class Served:
 
     def __init__(self, control_dir: Path, on_add: Callable[[Outbox], object] | None = None) -> None:
         self.on_add = on_add  # e.g. publish the effect catalogue into its results dir
+        self.watcher: Watcher | None = None
         self.boxes: dict[str, Outbox] = {}
         self.by_dir: dict[str, Outbox] = {}
         self.roots: list[Path] = []
@@ -145,6 +147,7 @@ class Served:
         self.by_dir[str(box.outbox)] = box
         if self.on_add is not None:
             self.on_add(box)
+        self.rewatch()
 
     def remove(self, sandbox: str) -> None:
         box = self.boxes.pop(sandbox, None)
@@ -158,6 +161,12 @@ class Served:
 
     def discover(self) -> list[Outbox]:
         """Serve the sandboxes that appeared under the roots; return the new ones."""
+        added = self._discover()
+        if self.outbox_appeared():  # before its sandbox dir was watched
+            added += self._discover()
+        return added
+
+    def _discover(self) -> list[Outbox]:
         added: list[Outbox] = []
         self._waiting = []
         for root in self.roots:
@@ -176,6 +185,7 @@ class Served:
                 self._refused.pop(sandbox, None)
                 self.add(box)
                 added.append(box)
+        self.rewatch()
         return added
 
     def outbox_appeared(self) -> bool:
@@ -191,7 +201,32 @@ class Served:
         self._control.mkdir(parents=True, exist_ok=True)
         return [*self.roots, *self._waiting, self._control]
 
+    # -- the watcher ------------------------------------------------------------------
+
+    def watch(self, events: queue.Queue[Event]) -> None:
+        """Start watching every served outbox (and the parents) for the loop."""
+        self.watcher = Watcher(events)
+        self.rewatch()
+
+    def rewatch(self) -> None:
+        if self.watcher is not None:
+            self.watcher.sync(self.dirs(), self.parents())
+
+    def watcher_died(self, events: queue.Queue[Event]) -> bool:
+        """If the watching thread died, start a new watcher (the caller then rescans)."""
+        if self.watcher is None or self.watcher.alive():
+            return False
+        log.warning("restarting the outbox watcher and rescanning")
+        old = self.watcher
+        self.watch(events)
+        with contextlib.suppress(OSError):
+            old.stop()
+        return True
+
     def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.stop()
+            self.watcher = None
         for box in self.boxes.values():
             box.close()
 

@@ -23,6 +23,7 @@ import os
 import queue
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -314,10 +315,16 @@ def connect(
     state_dir: Path,
     on_pending: Callable[[str], None],
     on_gone: Callable[[], None] | None = None,
+    wait_s: float = 30.0,
 ) -> ControlClient | None:
     """A client of the state dir's owner, or None when no owner listens. `on_gone` is
-    called (on the reading thread) if the owner closes the connection first."""
-    try:
-        return ControlClient(state_dir, on_pending, on_gone)
-    except (FileNotFoundError, ConnectionRefusedError):
-        return None
+    called (on the reading thread) if the owner closes the connection first. An owner
+    that holds the lock but is still starting gets `wait_s` to open its socket."""
+    end = time.monotonic() + wait_s
+    while True:
+        try:
+            return ControlClient(state_dir, on_pending, on_gone)
+        except (FileNotFoundError, ConnectionRefusedError):
+            if not served(state_dir) or time.monotonic() >= end:
+                return None
+            time.sleep(0.02)

@@ -16,7 +16,6 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -46,7 +45,7 @@ from broker.lifecycle import Lifecycle
 from broker.marks import StartMarks
 from broker.models import Record
 from broker.notify import Notifier
-from broker.outbox import Outbox, Served, Watcher
+from broker.outbox import Outbox, Served
 from broker.ownership import ControlServer, StateLock
 from broker.policy import Policy
 from broker.redaction import Redactor
@@ -76,11 +75,14 @@ class Broker:
         self.ledger = ledger or Ledger(config.ledger_path)
         self.redact = Redactor(config.secret_values())
         self.lifecycle = Lifecycle(self.ledger, self.redact)
-        validator = Validator(registry.schemas())
+        # each effect's compiled when first seen; every name for "did you mean"
+        validator = Validator(registry.schema, names=registry.names)
         self.claims = intake.Claims(config.limits, validator, config.state_dir)
         self.admission = Admission(config, registry, policy, validator, self.lifecycle)
         self.audit = AuditWriter(self.ledger, AuditLog(config.audit_path))
-        self.catalogue = catalogue.render(registry, policy)  # published into each results dir
+        # published into each results dir; what the handlers declare is kept in the state
+        # dir, so a start imports only the handlers it uses
+        self.catalogue = catalogue.render(registry, policy, config.state_dir / "effects.cache")
         self.served = Served(
             config.state_dir / "control",
             lambda box: catalogue.publish(box.results_fd, self.catalogue, box.sandbox),
@@ -93,8 +95,7 @@ class Broker:
         self.assessments = Assessments(config, registry, policy, self.events, workers)
         self._in_flight: set[tuple[str, str]] = set()
         self.deadlines = Deadlines()
-        self._consumed: deque[tuple[Outbox, str]] = deque()
-        self._watcher: Watcher | None = None
+        self.consumed = intake.Consumed()
         self.on_change = self.answers.observers
         self.on_rescan: list[Callable[[str], None]] = []  # "rescan", "restart": for metrics
         self.notifier: Notifier | None = None
@@ -112,39 +113,18 @@ class Broker:
     def notify_with(self, notifier: Notifier) -> None:
         """Tell people through `notifier` whenever a request starts waiting (and update
         Slack's message when it reaches its outcome)."""
-        from broker.approval import card
-
         self.notifier = notifier
-
-        def on_pending(record: Record) -> None:
-            if record.state == "pending":
-                notifier.pending(card(self.ledger, record, self.registry))
-            elif record.terminal and notifier.slack is not None:
-                notifier.settled(card(self.ledger, record, self.registry), record.output)
-
-        self.on_change.append(on_pending)
+        self.on_change.append(lambda record: notifier.observe(self.ledger, record, self.registry))
 
     # -- what is served -----------------------------------------------------------------
 
     def add(self, box: Outbox) -> None:
         self.served.add(box)
-        self._rewatch()
 
     def serve_root(self, sandboxes_dir: Path) -> None:
         """Serve every sandbox under <state>/sandboxes/, including ones created later."""
         self.served.add_root(sandboxes_dir)
-        self._discover()
-
-    def _discover(self) -> None:
         self.served.discover()
-        self._rewatch()
-        if self.served.outbox_appeared():  # before its sandbox dir was watched
-            self.served.discover()
-            self._rewatch()
-
-    def _rewatch(self) -> None:
-        if self._watcher is not None:
-            self._watcher.sync(self.served.dirs(), self.served.parents())
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -156,11 +136,13 @@ class Broker:
         drain: bool = False,
     ) -> None:
         """Recover, scan, then process events until `stop` is set (then drain, if asked)."""
-        self.recover()
+        if not self.lock.held:
+            self.lock.acquire(self.command)
+        # listening from the start: what other processes ask waits on the queue meanwhile
         self._control_server = ControlServer(self.config.state_dir, self.events)
         self._control_server.start()
-        self._watcher = Watcher(self.events)
-        self._rewatch()
+        self.recover()
+        self.served.watch(self.events)
         # now that every watch is in place: read what is there and reload decisions
         # taken while we started (their nudges may have come before the watches)
         self.events.put(Rescan())
@@ -170,18 +152,20 @@ class Broker:
         try:
             while not stop.is_set():
                 timeout = min(
-                    0.05 if self._consumed else 0.5,  # idle moments purge consumed files
+                    0.05 if self.consumed else 0.5,  # idle moments purge consumed files
                     max(0.0, next_rescan - time.monotonic()),
                     self.deadlines.seconds_left(),
                     self.assessments.seconds_left(),
                 )
                 items = self._take(timeout)
                 items.extend(self.assessments.overdue(self.ledger))
-                if self._watcher is not None and not self._watcher.alive():
-                    items.append(self._replace_watcher())
+                if self.served.watcher_died(self.events):
+                    for observer in self.on_rescan:
+                        observer("restart")
+                    items.append(Rescan())
                 if not items:
                     self.audit.sync()  # idle: make the audit log durable now
-                    self._purge(PURGE_BUDGET_S)
+                    self.consumed.purge(PURGE_BUDGET_S)
                 if time.monotonic() >= next_rescan:
                     items.append(Rescan())
                     next_rescan = time.monotonic() + self.config.rescan_interval_s
@@ -191,21 +175,6 @@ class Broker:
                 self.drain()
         finally:
             self.close()
-
-    def _replace_watcher(self) -> Rescan:
-        """The watcher died: start a new one and rescan what it may have missed."""
-        log.warning("restarting the outbox watcher and rescanning")
-        for observer in self.on_rescan:
-            observer("restart")
-        old = self._watcher
-        self._watcher = Watcher(self.events)
-        self._rewatch()
-        if old is not None:
-            try:
-                old.stop()
-            except OSError:
-                pass
-        return Rescan()
 
     def drain(self, timeout: float = 30.0) -> None:
         """Process what is in the outboxes and wait for applies in flight."""
@@ -223,7 +192,7 @@ class Broker:
                 and not self._pending_files()
             ):
                 break
-        self._purge()
+        self.consumed.purge()
 
     def _pending_files(self) -> bool:
         return any(has_requests(box.names()) for box in self.served.boxes.values())
@@ -238,45 +207,22 @@ class Broker:
         if self._control_server is not None:
             self._control_server.close()
             self._control_server = None
-        if self._watcher is not None:
-            self._watcher.stop()
-            self._watcher = None
         self._closing = True  # what is still to apply or assess waits for the next start
         self.assessments.shutdown()
         self._workers.shutdown(wait=True)
         while items := self._take(0):  # applies that finished during shutdown
             self.step(items)
-        self._purge()
+        self.consumed.purge()
         self.audit.sync()
         self.step([])  # the ledger learns what is durable in the log and results
-        self.served.close()
+        self.served.close()  # its watcher too
         if self.notifier is not None:
             self.notifier.close()
         self.ledger.close()
         self.lock.release()
 
     def _take(self, timeout: float) -> list[Event]:
-        """What one wake-up handles: every control event, and a fair share of files."""
-        items: list[Event] = []
-        if self.backlog:
-            timeout = 0
-        try:
-            first: Event | None = (
-                self.events.get(timeout=timeout) if timeout > 0 else self.events.get_nowait()
-            )
-        except queue.Empty:
-            first = None
-        while first is not None:
-            if isinstance(first, FileSeen):
-                self.backlog.add(first)
-            else:
-                items.append(first)
-            try:
-                first = self.events.get_nowait()
-            except queue.Empty:
-                first = None
-        items.extend(self.backlog.take())
-        return items
+        return self.backlog.wake_up(self.events, timeout)
 
     # -- one wake-up --------------------------------------------------------------------
 
@@ -284,7 +230,7 @@ class Broker:
         """Converge on the outboxes' real contents; events are only a hint."""
         for observer in self.on_rescan:
             observer("rescan")
-        self._discover()
+        self.served.discover()
         for box in list(self.served.boxes.values()):
             names = box.names()
             for name in names:
@@ -307,7 +253,7 @@ class Broker:
                 if self.assessments.accept(item):
                     assessed.append(item)  # else: given up on at its deadline
             elif isinstance(item, DirsChanged):
-                self._discover()
+                self.served.discover()
                 reload = True
             elif isinstance(item, Rescan):
                 self.rescan()
@@ -359,7 +305,7 @@ class Broker:
             if name in batch.urgent:
                 intake.remove(box, name)
             else:
-                self._consumed.append((box, name))  # removed when idle: unlinks are slow
+                self.consumed.add(box, name)
         fault("before_results")
         for record in batch.answer:
             self.answers.write(record)
@@ -383,15 +329,6 @@ class Broker:
         durable = self.audit.take_durable()
         if durable:
             self.ledger.drop_audit(*durable)
-
-    def _purge(self, budget_s: float | None = None) -> None:
-        """Remove consumed request files from the claim dirs: all of them, or as many as
-        fit in `budget_s` (unlinks can be slow, and the loop must stay responsive)."""
-        end = None if budget_s is None else time.monotonic() + budget_s
-        while self._consumed and (end is None or time.monotonic() < end):
-            box, name = self._consumed.popleft()
-            if box.claim_fd >= 0:
-                intake.remove(box, name)
 
     # -- applying -----------------------------------------------------------------------
 
@@ -423,9 +360,8 @@ class Broker:
         """Fast handlers, safe to repeat, applied in their request's own commit (a crash
         before it commits reads the claimed file again and applies it again)."""
         for record in batch.inline:
-            self._in_flight.add(record.key)
             effect = self.registry.effect(record.effect or "")
-            self._finish(call(effect, record, self.config, self.started), batch)
+            self._finished(record, call(effect, record, self.config, self.started), batch)
         batch.inline.clear()
 
     def _finish(self, done: Applied, batch: Batch) -> None:
@@ -434,6 +370,9 @@ class Broker:
         if record is None or record.state != "applying":
             return
         batch.settled.append(record)
+        self._finished(record, done, batch)
+
+    def _finished(self, record: Record, done: Applied, batch: Batch) -> None:
         record = self.lifecycle.finish(record, done.status, done.reason, done.output, done.issues)
         batch.answer.append(record)
         batch.answer.extend(self.lifecycle.settle_replays(record))
@@ -474,7 +413,6 @@ class Broker:
     def _control(self, item: Control) -> None:
         def rescan(sandbox: str) -> None:
             box = self.served.boxes[sandbox]
-            self._rewatch()
             for name in box.names():
                 self.events.put(FileSeen(str(box.outbox), name))
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
 
@@ -112,10 +112,17 @@ class Effect:
 
 
 class Registry:
-    """A dict of handlers keyed by effect name, each verified on registration."""
+    """A dict of handlers keyed by effect name, each verified on registration.
+
+    An entry point named for its effect (`files.write = "effects.files:FilesWrite"`) is
+    loaded the first time that effect is asked for, so a broker imports only the
+    handlers (and their libraries) it uses; one with another name (a list of handlers)
+    is loaded at once. Listing every effect loads them all.
+    """
 
     def __init__(self) -> None:
         self._effects: dict[str, Effect] = {}
+        self._lazy: dict[str, EntryPoint] = {}
 
     def register(self, handler: Any, origin: str = "(code)") -> EffectHandler:
         """Verify `handler` against the contract and add it; errors name the origin."""
@@ -127,26 +134,41 @@ class Registry:
         if not isinstance(schema, Mapping):
             raise RegistryError(f"{origin}: {name}.schema must be a JSON Schema object")
         compile_schema(schema, f"{origin}: {name}.schema")
-        if name in self._effects:
-            raise DuplicateEffect(
-                f"effect {name} is registered twice: by {self._effects[name].origin} "
-                f"and by {origin}"
+        if name in self._effects or name in self._lazy:
+            first = (
+                self._effects[name].origin if name in self._effects else _origin(self._lazy[name])
             )
+            raise DuplicateEffect(f"effect {name} is registered twice: by {first} and by {origin}")
         self._effects[name] = Effect(handler, origin, schema)
         return handler  # type: ignore[no-any-return]
 
     def load_entry_points(self, group: str = ENTRY_POINT_GROUP) -> None:
         """Register every handler that an installed distribution declares."""
         for ep in sorted(entry_points(group=group), key=lambda e: e.name):
-            origin = f"entry point {ep.name} = {ep.value}"
-            if ep.dist is not None:
-                origin += f" (from {ep.dist.name})"
-            try:
-                obj = ep.load()
-            except Exception as exc:  # a broken plugin names itself and stops the start
-                raise RegistryError(f"{origin}: cannot be imported: {exc}") from exc
-            for handler in _handlers_of(obj, origin):
-                self.register(handler, origin)
+            if not EFFECT_NAME.fullmatch(ep.name):
+                self._load(ep)
+            elif ep.name in self._effects or ep.name in self._lazy:
+                first = self._lazy.get(ep.name)
+                was = _origin(first) if first else self._effects[ep.name].origin
+                raise DuplicateEffect(
+                    f"effect {ep.name} is registered twice: by {was} and by {_origin(ep)}"
+                )
+            else:
+                self._lazy[ep.name] = ep
+
+    def _load(self, ep: EntryPoint, expect: str | None = None) -> None:
+        origin = _origin(ep)
+        try:
+            obj = ep.load()
+        except Exception as exc:  # a broken plugin names itself and stops the start
+            raise RegistryError(f"{origin}: cannot be imported: {exc}") from exc
+        for handler in _handlers_of(obj, origin):
+            if expect is not None and getattr(handler, "name", None) != expect:
+                raise RegistryError(
+                    f"{origin}: its handler is named {getattr(handler, 'name', None)!r}; an "
+                    "entry point named for an effect must give that effect"
+                )
+            self.register(handler, origin)
 
     def get(self, name: str) -> EffectHandler:
         """The handler object itself, as its author wrote it."""
@@ -154,48 +176,121 @@ class Registry:
 
     def effect(self, name: str) -> Effect:
         """The handler as the broker calls it (optional members resolved)."""
+        if name not in self._effects and name in self._lazy:
+            self._load(self._lazy.pop(name), expect=name)
         try:
             return self._effects[name]
         except KeyError:
-            hint = did_you_mean(name, self._effects)
+            hint = did_you_mean(name, self.names())
             raise UnknownEffect(f"no effect named {name!r} is registered{hint}") from None
 
     def origin(self, name: str) -> str:
-        return self._effects[name].origin
+        return self.effect(name).origin
+
+    def names(self) -> list[str]:
+        """Every registered effect's name, without loading any handler."""
+        return sorted({*self._effects, *self._lazy})
+
+    def fingerprint(self, name: str) -> str | None:
+        """What changes when the handler behind an entry-point effect may have changed
+        (the entry point, its distribution's version, its module's files), without
+        importing it; None for a handler registered in code."""
+        ep = self._lazy.get(name)
+        if ep is None:
+            effect = self._effects.get(name)
+            if effect is None or not effect.origin.startswith("entry point "):
+                return None
+            ep = next((e for e in entry_points(group=ENTRY_POINT_GROUP) if e.name == name), None)
+            if ep is None:
+                return None
+        return _fingerprint(ep)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._effects
+        return name in self._effects or name in self._lazy
 
     def __iter__(self) -> Iterator[EffectHandler]:
         return iter(e.handler for e in self.effects())
 
     def effects(self) -> list[Effect]:
+        """Every effect, loaded."""
+        for name in list(self._lazy):
+            self.effect(name)
         return sorted(self._effects.values(), key=lambda e: e.name)
 
     def __len__(self) -> int:
-        return len(self._effects)
+        return len(self.names())
+
+    def schema(self, name: str) -> Mapping[str, Any] | None:
+        """An effect's params schema, or None when no such effect is registered."""
+        return self.effect(name).schema if name in self else None
 
     def schemas(self) -> dict[str, Mapping[str, Any]]:
-        return {name: e.schema for name, e in self._effects.items()}
+        return {e.name: e.schema for e in self.effects()}
 
-    def reversibility(self) -> dict[str, bool]:
-        return {name: e.reversible for name, e in self._effects.items()}
+    def reversibility(self) -> Mapping[str, bool]:
+        """Each effect's `reversible` flag; a handler loads when its flag is read."""
+        return _Flags(self)
 
     def check_config(
         self, integrations: Mapping[str, Mapping[str, Any]], base_dir: Path | None = None
     ) -> None:
-        """Let each handler check its integration's settings (as `Settings`, whose
-        secrets resolve beside broker.toml, `base_dir`); refuse unknown sections."""
-        served = {e.integration for e in self._effects.values()}
+        """Let each configured integration's handlers check its settings (as `Settings`,
+        whose secrets resolve beside broker.toml, `base_dir`); refuse unknown sections."""
+        served = {name.split(".", 1)[0] for name in self.names()}
         for section in integrations:
             if section not in served:
                 raise ConfigError(
                     f"integrations.{section}: no registered effect belongs to it "
                     f"(known: {', '.join(sorted(served))})"
                 )
-        for effect in self.effects():
-            where = f"integrations.{effect.integration}"
-            effect.check_config(Settings(integrations.get(effect.integration, {}), where, base_dir))
+        for name in self.names():
+            section = name.split(".", 1)[0]
+            if section in integrations or name in self._effects:
+                effect = self.effect(name)
+                where = f"integrations.{section}"
+                effect.check_config(Settings(integrations.get(section, {}), where, base_dir))
+
+
+class _Flags(Mapping[str, bool]):
+    """A read-only view of every effect's reversible flag, loading handlers on lookup."""
+
+    def __init__(self, registry: Registry) -> None:
+        self._registry = registry
+
+    def __getitem__(self, name: str) -> bool:
+        if name not in self._registry:
+            raise KeyError(name)
+        return self._registry.effect(name).reversible
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._registry.names())
+
+    def __len__(self) -> int:
+        return len(self._registry.names())
+
+
+def _fingerprint(ep: EntryPoint) -> str | None:
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(ep.module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin:
+        return None
+    origin = Path(spec.origin)
+    files = sorted(origin.parent.glob("*.py")) if origin.name == "__init__.py" else [origin]
+    try:
+        stamps = [f"{f.name}:{f.stat().st_mtime_ns}:{f.stat().st_size}" for f in files]
+    except OSError:
+        return None
+    version = ep.dist.version if ep.dist is not None else ""
+    return "|".join([ep.value, version, *stamps])
+
+
+def _origin(ep: EntryPoint) -> str:
+    origin = f"entry point {ep.name} = {ep.value}"
+    return origin + (f" (from {ep.dist.name})" if ep.dist is not None else "")
 
 
 def _verify(handler: Any, origin: str) -> str:

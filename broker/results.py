@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from broker import codec
 from broker.faults import fault
 from broker.models import Record, Result
 from broker.outbox import Served
@@ -22,7 +23,7 @@ _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC | o
 
 
 def render(result: Result) -> bytes:
-    return json.dumps(result.to_json(), ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+    return codec.dump_bytes(result.to_json()) + b"\n"
 
 
 def write(dir_fd: int, result: Result) -> None:

@@ -102,23 +102,30 @@ def run(config: Config, registry: Registry, policy: Policy, options: RunOptions)
         say=options.say,
     )
     serving.start()
+    try:
+        code = _attached(start, options, f"sandbox {sandbox_id}: running", image)
+    finally:
+        serving.finish()
+    options.say(summary(config, sandbox_id, code))
+    return code
+
+
+def _attached(start: Callable[[], Any], options: RunOptions, running: str, image: str) -> int:
+    """Run the container to its end, its output streamed; it is removed in every case."""
     container: Any = None
     try:
         container = start()
-        options.say(f"sandbox {sandbox_id}: running {' '.join(options.command)} in {image}")
+        options.say(f"{running} {' '.join(options.command)} in {image}")
         output = threading.Thread(
             target=_stream_logs, args=(container, options.say), name="sandbox-logs", daemon=True
         )
         output.start()
         outcome = container.wait()
         output.join(5)
-        code = int(outcome.get("StatusCode", 1))
+        return int(outcome.get("StatusCode", 1))
     finally:
         if container is not None:
             sandbox.remove(container)
-        serving.finish()
-    options.say(summary(config, sandbox_id, code))
-    return code
 
 
 def summary(config: Config, sandbox_id: str, code: int) -> str:

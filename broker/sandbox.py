@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import docker
 import docker.errors
@@ -44,6 +45,7 @@ __all__ = [
     "SandboxPaths",
     "engine",
     "ensure_image",
+    "hardened",
     "leftovers",
     "prepare_dirs",
     "remove",
@@ -155,6 +157,46 @@ def _check_socket(path: str) -> None:
         probe.connect(path)
 
 
+def hardened(
+    paths: SandboxPaths,
+    limits: SandboxLimits = SandboxLimits(),
+    env: Mapping[str, str] | None = None,
+    workspace: Path | None = None,
+) -> dict[str, Any]:
+    """The container options every sandbox gets (docker-py's `containers.create`)."""
+    extras = dict(env or {})
+    clash = sorted(set(extras) & set(_PROTOCOL_ENV))
+    if clash:
+        raise SandboxError(f"sandbox env may not set {', '.join(clash)}: the broker sets them")
+    mounts = [
+        Mount("/outbox", str(paths.outbox), type="bind", read_only=False),
+        Mount("/results", str(paths.results), type="bind", read_only=True),
+    ]
+    if workspace is not None:
+        mounts.append(Mount("/workspace", str(workspace), type="bind", read_only=False))
+    return {
+        "detach": True,
+        "auto_remove": False,
+        "user": f"{SANDBOX_UID}:{SANDBOX_UID}",
+        "environment": {
+            **extras,
+            "OUTBOX_DIR": "/outbox",
+            "RESULTS_DIR": "/results",
+            "SANDBOX_ID": paths.sandbox_id,
+        },
+        "mounts": mounts,
+        "labels": {LABEL: paths.sandbox_id},
+        "network_mode": "none",
+        "read_only": True,
+        "tmpfs": {"/tmp": f"rw,exec,nosuid,nodev,size={limits.tmpfs_size},mode=1777"},
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "pids_limit": limits.pids,
+        "mem_limit": limits.memory,
+        "nano_cpus": limits.nano_cpus,
+    }
+
+
 def ensure_image(
     client: docker.DockerClient,
     tag: str = DEFAULT_IMAGE,
@@ -186,25 +228,7 @@ def ensure_image(
     chosen = _base_image(client, base, log)
     log(f"building {tag} from {chosen}")
     started = time.monotonic()
-    try:
-        client.images.build(
-            path=str(IMAGES_DIR),
-            tag=tag,
-            buildargs={"BASE": chosen, "SANDBOX_UID": str(SANDBOX_UID)},
-            labels={IMAGE_LABEL: digest},
-            network_mode="none",
-            nocache=force,
-            rm=True,
-            forcerm=True,
-        )
-    except docker.errors.BuildError as exc:
-        tail = [
-            str(line.get("stream") or line.get("error") or "").strip() for line in exc.build_log
-        ]
-        detail = "; ".join(line for line in tail[-5:] if line)
-        raise SandboxError(f"building {tag} from {chosen} failed: {exc.msg} ({detail})") from exc
-    except docker.errors.DockerException as exc:
-        raise SandboxError(f"building {tag} from {chosen} failed: {exc}") from exc
+    _build(client, tag, chosen, digest, force)
     log(f"built {tag} in {time.monotonic() - started:.1f}s")
     if previous is not None and previous.id is not None:
         _remove_if_untagged(client, previous.id)
@@ -231,43 +255,10 @@ def start(
     if given, is mounted read-write at /workspace and must be writable by
     SANDBOX_UID. The caller removes the container with :func:`remove`.
     """
-    extras = dict(env or {})
-    clash = sorted(set(extras) & set(_PROTOCOL_ENV))
-    if clash:
-        raise SandboxError(f"sandbox env may not set {', '.join(clash)}: the broker sets them")
-    environment = {
-        **extras,
-        "OUTBOX_DIR": "/outbox",
-        "RESULTS_DIR": "/results",
-        "SANDBOX_ID": paths.sandbox_id,
-    }
-    mounts = [
-        Mount("/outbox", str(paths.outbox), type="bind", read_only=False),
-        Mount("/results", str(paths.results), type="bind", read_only=True),
-    ]
-    if workspace is not None:
-        mounts.append(Mount("/workspace", str(workspace), type="bind", read_only=False))
+    options = hardened(paths, limits, env, workspace)
     try:
         # create + start, not run: run() would try to pull a missing image from a registry.
-        container = client.containers.create(
-            image,
-            list(command),
-            name=name,
-            detach=True,
-            auto_remove=False,
-            user=f"{SANDBOX_UID}:{SANDBOX_UID}",
-            environment=environment,
-            mounts=mounts,
-            labels={LABEL: paths.sandbox_id},
-            network_mode="none",
-            read_only=True,
-            tmpfs={"/tmp": f"rw,exec,nosuid,nodev,size={limits.tmpfs_size},mode=1777"},
-            cap_drop=["ALL"],
-            security_opt=["no-new-privileges"],
-            pids_limit=limits.pids,
-            mem_limit=limits.memory,
-            nano_cpus=limits.nano_cpus,
-        )
+        container = client.containers.create(image, list(command), name=name, **options)
     except docker.errors.ImageNotFound as exc:
         raise SandboxError(f"image {image} is missing; build it with: broker image build") from exc
     except docker.errors.DockerException as exc:
@@ -290,6 +281,28 @@ def remove(container: Container) -> None:
         if exc.status_code == 409:  # its removal is already under way
             return
         raise SandboxError(f"cannot remove container {container.short_id}: {exc}") from exc
+
+
+def _build(client: docker.DockerClient, tag: str, base: str, digest: str, force: bool) -> None:
+    try:
+        client.images.build(
+            path=str(IMAGES_DIR),
+            tag=tag,
+            buildargs={"BASE": base, "SANDBOX_UID": str(SANDBOX_UID)},
+            labels={IMAGE_LABEL: digest},
+            network_mode="none",
+            nocache=force,
+            rm=True,
+            forcerm=True,
+        )
+    except docker.errors.BuildError as exc:
+        tail = [
+            str(line.get("stream") or line.get("error") or "").strip() for line in exc.build_log
+        ]
+        detail = "; ".join(line for line in tail[-5:] if line)
+        raise SandboxError(f"building {tag} from {base} failed: {exc.msg} ({detail})") from exc
+    except docker.errors.DockerException as exc:
+        raise SandboxError(f"building {tag} from {base} failed: {exc}") from exc
 
 
 def leftovers(client: docker.DockerClient) -> list[Container]:

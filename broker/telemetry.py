@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from broker.metrics import Metrics
     from broker.pipeline import Broker
-    from broker.tracing import Tracer
+    from broker.tracing import Tracer, TracingSettings
 
 METRICS_KEYS = {"listen", "web"}
 TRACING_KEYS = {"otlp_endpoint", "service_name", "timeout"}
@@ -44,15 +44,6 @@ class MetricsSettings:
 
     listen: str | None = None
     web: bool = True
-
-
-@dataclass(frozen=True)
-class TracingSettings:
-    """[tracing] in broker.toml."""
-
-    endpoint: str  # the collector's OTLP/HTTP traces URL (…/v1/traces)
-    service_name: str = "sandbox-outbox-broker"
-    timeout_s: float = 10.0
 
 
 def metrics_settings(config: Config) -> MetricsSettings | None:
@@ -77,11 +68,11 @@ def metrics_settings(config: Config) -> MetricsSettings | None:
 
 
 def tracing_settings(config: Config) -> TracingSettings | None:
-    from broker.clock import parse_duration
-
     table = config.tracing
     if table is None:
         return None
+    from broker.clock import parse_duration
+    from broker.tracing import TracingSettings  # opentelemetry: only when it is asked for
     _known(table, TRACING_KEYS, "tracing")
     endpoint = table.get("otlp_endpoint")
     parts = urlsplit(endpoint) if isinstance(endpoint, str) else None
@@ -146,7 +137,7 @@ class Telemetry:
         if self.metrics_settings is not None:
             from broker.metrics import Metrics
 
-            metrics = Metrics(e.name for e in broker.registry.effects())
+            metrics = Metrics(broker.registry.names())  # no handler loads for a label
             metrics.waiting(broker.ledger.in_states(["pending"]))
             metrics.observe_failures(lambda: dict(tap.failures))
             metrics.audit_age(broker.audit.undurable_for)
@@ -155,10 +146,12 @@ class Telemetry:
             tap.observers.append(metrics)
             self.metrics = metrics
         if self.tracing_settings is not None:
-            from broker.catalogue import description
+            from broker.catalogue import effect_facts
             from broker.tracing import Tracer
 
-            descriptions = {e.name: description(e.handler) for e in broker.registry.effects()}
+            cache = broker.config.state_dir / "effects.cache"  # what the catalogue keeps
+            facts = effect_facts(broker.registry, cache)
+            descriptions = {f["name"]: f["description"] for f in facts}
             self.tracer = Tracer(self.tracing_settings, descriptions)
             broker.admission.stages = self.tracer.stages
             tap.observers.append(self.tracer)

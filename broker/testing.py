@@ -26,7 +26,7 @@ from typing import Any
 from broker.config import Config, Limits
 from broker.context import Memo, context_for
 from broker.errors import EffectFailed
-from broker.models import TERMINAL, Preview, canonical, sha256_hex
+from broker.models import TERMINAL, Preview, Record, canonical, sha256_hex
 from broker.outbox import attach
 from broker.pipeline import Broker
 from broker.policy import Policy, parse_policy
@@ -60,32 +60,13 @@ def make_context(
     """
     import tempfile
 
-    from broker.ledger import Record
-
     state = state_dir or Path(tempfile.mkdtemp(prefix="broker-ctx-"))
     config = Config(
         state_dir=state,
         integrations={integration: dict(settings or {})},
         source=(config_dir / "broker.toml") if config_dir else None,
     )
-    envelope = {
-        "version": 1,
-        "id": request_id,
-        "effect": f"{integration}.test",
-        "params": dict(params or {}),
-    }
-    payload = canonical(envelope)
-    record = Record(
-        sandbox=sandbox,
-        id=request_id,
-        name=request_id,
-        state="applying",
-        received_at="1970-01-01T00:00:00.000Z",
-        effect=f"{integration}.test",
-        payload=payload.decode("utf-8"),
-        sha256=sha256_hex(payload),
-    )
-    ctx = context_for(config, record, memo)
+    ctx = context_for(config, _applying(sandbox, request_id, integration, params), memo)
     changes: dict[str, Any] = {}
     if request_sha256 is not None:
         changes["request_sha256"] = request_sha256
@@ -102,6 +83,25 @@ def make_context(
 
         changes["attachment"] = attachment
     return dataclasses.replace(ctx, **changes) if changes else ctx
+
+
+def _applying(
+    sandbox: str, request_id: str, integration: str, params: Mapping[str, Any] | None
+) -> Record:
+    """The ledger row of a request being applied, as a handler's context describes it."""
+    effect = f"{integration}.test"
+    envelope = {"version": 1, "id": request_id, "effect": effect, "params": dict(params or {})}
+    payload = canonical(envelope)
+    return Record(
+        sandbox=sandbox,
+        id=request_id,
+        name=request_id,
+        state="applying",
+        received_at="1970-01-01T00:00:00.000Z",
+        effect=effect,
+        payload=payload.decode("utf-8"),
+        sha256=sha256_hex(payload),
+    )
 
 
 FAKE_SCHEMA: dict[str, Any] = {

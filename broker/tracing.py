@@ -41,10 +41,18 @@ from broker.models import Record
 from broker.observe import Event
 from broker.render import neutralize
 from broker.stages import Stages
-from broker.telemetry import TracingSettings
 
 REMEMBERED = 100_000
 BROKEN = frozenset({"failed", "unknown"})  # the broker or the service went wrong
+
+
+@dataclass(frozen=True)
+class TracingSettings:
+    """[tracing] in broker.toml (read by broker.telemetry)."""
+
+    endpoint: str  # the collector's OTLP/HTTP traces URL (…/v1/traces)
+    service_name: str = "sandbox-outbox-broker"
+    timeout_s: float = 10.0
 
 
 @dataclass(frozen=True)

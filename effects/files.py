@@ -56,6 +56,7 @@ class FilesWrite(Handler):
         "content for good"
     )
     config_keys = frozenset({"root"})
+    assess_inline = True  # reversible_for reads a param
 
     def check_config(self, settings: Mapping[str, Any]) -> None:
         super().check_config(settings)

@@ -128,7 +128,9 @@ def notifier_for(cfg: Config) -> Notifier | None:
 
 
 def _start_web(d: Daemon) -> WebServer | None:
-    from broker.web.server import start_web  # fastapi and uvicorn: only when serving
+    if not (d.args.listen or d.cfg.web):
+        return None  # no inbox asked for: fastapi and uvicorn are not even imported
+    from broker.web.server import start_web
 
     metrics = d.telemetry.web_metrics if d.telemetry is not None else None
     return start_web(

@@ -450,11 +450,12 @@ def test_broken_configuration_stops_the_start_naming_the_key(
 
 
 def test_entry_point_registers_the_handlers() -> None:
-    """The broker.effects entry points name the three network handlers."""
+    """The broker.effects entry points name the three network handlers (each entry point
+    named for its effect, so it loads only when that effect is first asked for)."""
     found = {ep.name: ep.value for ep in entry_points(group="broker.effects")}
-    assert found["http"] == "effects.http:HttpRequest"
-    assert found["webhook"] == "effects.webhook:WebhookPost"
-    assert found["email"] == "effects.email:EmailSend"
+    assert found["http.request"] == "effects.http:HttpRequest"
+    assert found["webhook.post"] == "effects.webhook:WebhookPost"
+    assert found["email.send"] == "effects.email:EmailSend"
 
 
 POLICY = """

@@ -42,7 +42,7 @@ def harness(tmp_path: Path, settings: dict[str, Any]) -> BrokerHarness:
 def test_effects_are_installed_as_entry_points() -> None:
     """`pip install` registers the three effects under broker.effects."""
     found = {
-        ep.load().name for ep in entry_points(group="broker.effects") if ep.name.startswith("s3_")
+        ep.load().name for ep in entry_points(group="broker.effects") if ep.name.startswith("s3.")
     }
     assert found == {"s3.put_object", "s3.copy_object", "s3.delete_object"}
 

@@ -1,0 +1,71 @@
+"""docs/architecture.md's example handler is real: it registers, previews, waits for a
+person (it is irreversible), and is applied with the host's secret once approved."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.approval import decide_and_wake
+from broker.errors import ConfigError
+from broker.ledger import Ledger
+from broker.testing import BrokerHarness, make_context
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
+
+
+def example() -> dict[str, Any]:
+    """The doc's first Python block, executed: its names."""
+    code = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)[0]
+    assert len(code.strip().splitlines()) < 40, "the example handler must stay under 40 lines"
+    names: dict[str, Any] = {}
+    exec(compile(code, str(DOC), "exec"), names)
+    return names
+
+
+def test_the_example_handler_works_through_a_real_broker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Registered, it waits for a person, shows its literal message, and applies once approved."""
+    monkeypatch.setenv("PAGER_TOKEN", "s3cret-token")
+    ping = example()["Ping"]()
+    settings = {"pager": {"channel": "#ops", "token_env": "PAGER_TOKEN"}}
+    with BrokerHarness(tmp_path, handlers=[ping], integrations=settings) as h:
+        doc = h.request("pager.ping", {"message": "disk full on db-1"})
+        waiting = h.submit(doc, terminal=False)
+        ledger = Ledger(h.config.ledger_path)
+        try:
+            recorded = ledger.get("default", doc["id"])
+            assert recorded is not None and recorded.preview is not None
+            card_body = recorded.preview
+            decide_and_wake(
+                h.config,
+                ledger,
+                doc["id"],
+                "approve",
+                approver="ops",
+                reason="ok",
+                surface="cli",
+                sha256=None,
+            )
+        finally:
+            ledger.close()
+        done = h.wait(doc["id"])
+    assert waiting["status"] == "pending"
+    assert card_body["body"] == "disk full on db-1"
+    assert done["status"] == "applied" and done["output"] == {"paged": "#ops", "with": "True"}
+
+
+def test_the_example_handler_refuses_a_config_without_its_token() -> None:
+    """check_config names the key at fault."""
+    with pytest.raises(ConfigError, match=r"integrations\.pager\.token_env"):
+        example()["Ping"]().check_config({"channel": "#ops"})
+
+
+def test_the_doc_s_make_context_line_holds() -> None:
+    """The doc's make_context snippet previews as it says."""
+    ctx = make_context({"channel": "#ops", "token_env": "PAGER_TOKEN"}, integration="pager")
+    assert example()["Ping"]().preview({"message": "disk full"}, ctx).body == "disk full"
