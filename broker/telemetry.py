@@ -73,6 +73,7 @@ def tracing_settings(config: Config) -> TracingSettings | None:
         return None
     from broker.clock import parse_duration
     from broker.tracing import TracingSettings  # opentelemetry: only when it is asked for
+
     _known(table, TRACING_KEYS, "tracing")
     endpoint = table.get("otlp_endpoint")
     parts = urlsplit(endpoint) if isinstance(endpoint, str) else None
