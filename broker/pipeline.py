@@ -124,7 +124,7 @@ class Broker:
     def serve_root(self, sandboxes_dir: Path) -> None:
         """Serve every sandbox under <state>/sandboxes/, including ones created later."""
         self.served.add_root(sandboxes_dir)
-        self.served.discover()
+        self._discover()
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -226,6 +226,13 @@ class Broker:
 
     # -- one wake-up --------------------------------------------------------------------
 
+    def _discover(self) -> None:
+        """Serve the sandboxes that appeared, and read what their outboxes already hold:
+        an agent may write before its outbox is watched."""
+        for box in self.served.discover():
+            for name in box.names():
+                self.events.put(FileSeen(str(box.outbox), name))
+
     def rescan(self) -> None:
         """Converge on the outboxes' real contents; events are only a hint."""
         for observer in self.on_rescan:
@@ -253,7 +260,7 @@ class Broker:
                 if self.assessments.accept(item):
                     assessed.append(item)  # else: given up on at its deadline
             elif isinstance(item, DirsChanged):
-                self.served.discover()
+                self._discover()
                 reload = True
             elif isinstance(item, Rescan):
                 self.rescan()
