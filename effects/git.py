@@ -4,7 +4,7 @@ Settings, `[integrations.git]`:
 
     cache_dir = "/var/lib/broker/git-cache"        # default: <state>/git-cache
     protected_branches = ["main", "release/*"]     # never pushed to by an agent
-    protected_paths = [".github/workflows/*"]      # refused unless touch_protected
+    protected_paths = [".github/workflows/*"]      # a person approves a change to them
     [integrations.git.remotes.origin]
     url = "https://github.com/acme/api.git"        # or a path, for a local remote
     token_env = "GITHUB_TOKEN"                     # optional, for https
@@ -12,8 +12,12 @@ Settings, `[integrations.git]`:
     default_branch = "main"                        # what a new branch is compared with
 
 The host verifies the bundle against a cache of the remote, shows the exact diff,
-refuses protected branches and paths, and pushes with `--force-with-lease`, so a
-branch that moved since the request is never overwritten.
+refuses protected branches, and pushes with `--force-with-lease`, so a branch that
+moved since the request is never overwritten. A change touching `protected_paths`
+(added, edited, deleted or renamed away, whatever its characters) waits for a person
+whatever the policy's rules say, unless the matching rule names those paths; the
+request must say `touch_protected: true` to acknowledge it, and a push whose change
+touches protected paths its assessment did not see fails.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from broker.errors import ConfigError, EffectFailed, InvalidParams
 from broker.models import Preview
 from broker.typing import JSON, Params
 from effects.base import Context, Handler, Settings
+from effects.canonical import branch_name
 
 MAX_PATCH = 1 << 20
 TIMEOUT_S = 120.0
@@ -144,11 +149,15 @@ class GitPush(Handler):
 
     # -- request checks ------------------------------------------------------------
 
+    def canonical(self, params: Params, ctx: Context) -> Params:
+        branch_name(params["branch"], "/params/branch")
+        if params.get("base"):
+            branch_name(params["base"], "/params/base")
+        return params
+
     def check(self, params: Params, ctx: Context) -> None:
         self._remote(params, ctx)
-        branch = params["branch"]
-        if ".." in branch or branch.endswith((".lock", "/", ".")) or "//" in branch:
-            raise InvalidParams("/params/branch", f"{branch!r} is not a valid branch name")
+        branch = branch_name(params["branch"], "/params/branch")
         for glob in ctx.settings.get("protected_branches", []):
             if fnmatchcase(branch, glob):
                 raise InvalidParams(
@@ -227,8 +236,10 @@ class GitPush(Handler):
         else:
             found = self._rev(git, f"refs/remotes/origin/{base_name}")
             base = found or _EMPTY_TREE
-        changed = git("diff", "--name-only", *_diff_span(base, new[0])).stdout.splitlines()
-        return Prepared(remote, cache, new[0], current, base, tuple(p for p in changed if p))
+        # -z: paths as they are (never C-quoted); --no-renames: a rename shows both ends
+        names = git("diff", "--name-only", "-z", "--no-renames", *_diff_span(base, new[0]))
+        changed = tuple(p for p in names.stdout.split("\0") if p)
+        return Prepared(remote, cache, new[0], current, base, changed)
 
     @staticmethod
     def _heads(git: Git, bundle: str) -> list[tuple[str, str]]:
@@ -264,6 +275,20 @@ class GitPush(Handler):
     def _protected(self, prepared: Prepared, params: Params, ctx: Context) -> list[str]:
         globs = ctx.settings.get("protected_paths", [])
         return [p for p in prepared.changed if any(fnmatchcase(p, g) for g in globs)]
+
+    def protected_for(self, params: Params, ctx: Context) -> Sequence[str]:
+        """The protected paths the bundle's change touches, computed on live state (off
+        the loop); the request must acknowledge them with touch_protected."""
+        touched = self._protected(self._prepare(params, ctx), params, ctx)
+        if touched and not params.get("touch_protected"):
+            raise InvalidParams(
+                "/params/touch_protected",
+                f"the change touches protected paths ({', '.join(touched[:5])}); set "
+                "touch_protected: true if intended (a person must approve it)",
+                "protected_path",
+            )
+        ctx.remember({"protected": touched})
+        return touched
 
     # -- preview, apply, revert ----------------------------------------------------
 
@@ -323,6 +348,13 @@ class GitPush(Handler):
                     f"the change touches protected paths ({', '.join(touched[:5])}); set "
                     "touch_protected: true if intended (a person must approve it)",
                     "protected_path",
+                )
+            assessed = (ctx.recall() or {}).get("protected", [])
+            unseen = sorted(set(touched) - set(assessed))
+            if unseen:
+                raise EffectFailed(
+                    f"failed: the change now touches protected paths its assessment did not "
+                    f"see ({', '.join(unseen[:5])}); nothing was pushed: send the request again"
                 )
             self._push(prepared.cache, remote, prepared.new, branch, params["expected_old"])
             return {**out, "pushed": True, "commits": self._count(prepared)}
