@@ -91,14 +91,15 @@ def open_ledger(cfg: Config) -> Ledger:
 
 
 def identity(as_: str | None, cfg: Config) -> str:
-    """Who decides: the OS user, or `--as NAME` where the host allows it."""
-    import getpass
+    """Who decides: the account of the effective uid (the password database, never
+    $USER), or `--as NAME` where the host allows it; normalised (broker.identity)."""
+    from broker.identity import approver_name, os_user
 
     if as_ is not None:
         if not cfg.allow_as:
             fail("--as is not allowed on this host (set allow_as = true under [broker])")
-        return as_
-    return getpass.getuser()
+        return guarded(lambda: approver_name(as_))
+    return guarded(os_user)
 
 
 def age(seconds: float | None) -> str:
