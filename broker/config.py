@@ -102,10 +102,28 @@ class Config:
                     except ConfigError:
                         continue
                     if secret and len(secret) >= 4:
-                        found.add(secret)
+                        found.update(_secret_parts(secret))
+                elif isinstance(value, list):
+                    for i, item in enumerate(value):
+                        if isinstance(item, Mapping):
+                            walk(item, f"{where}.{key}[{i}]")
 
         walk(self.integrations, "integrations")
+        walk(self.notify, "notify")
+        walk(self.web, "web")
         return frozenset(found)
+
+
+def _secret_parts(secret: str) -> set[str]:
+    """A secret, and for a secret URL (a webhook's) its path and query too: a server
+    echoes those alone ("no route for /hook/<secret>")."""
+    found = {secret}
+    if secret.startswith(("http://", "https://")):
+        rest = secret.split("://", 1)[1]
+        tail = rest[rest.find("/") :] if "/" in rest else ""
+        if len(tail) >= 8:
+            found.add(tail)
+    return found
 
 
 class Settings(Mapping[str, Any]):

@@ -43,6 +43,7 @@ from broker.handover import Handover, has_requests
 from broker.ledger import Ledger
 from broker.lifecycle import Lifecycle
 from broker.marks import StartMarks
+from broker.masking import mask_logs
 from broker.models import Record
 from broker.notify import Notifier
 from broker.outbox import Outbox, Served
@@ -74,6 +75,7 @@ class Broker:
         self.policy = policy
         self.ledger = ledger or Ledger(config.ledger_path)
         self.redact = Redactor(config.secret_values())
+        mask_logs(self.redact.secrets)  # and in every log line this process writes
         self.lifecycle = Lifecycle(self.ledger, self.redact)
         validator = Validator(registry.schemas())
         self.claims = intake.Claims(config.limits, validator, config.state_dir)

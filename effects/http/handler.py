@@ -12,6 +12,7 @@ import httpcore
 import httpx
 
 from broker.errors import ConfigError, EffectFailed, InvalidParams
+from broker.masking import Masker
 from broker.models import Preview
 from broker.typing import JSON, Params
 from effects.base import Context, Handler
@@ -210,5 +211,7 @@ class HttpRequest(Handler):
             ):
                 method = "GET"
             hops.append(str(url))
-        reply = read_capped(response, settings.max_bytes, deadline)
-        return output(reply, url, hops, call.secrets)
+        masker = Masker(call.secrets)
+        # read past the cap by the longest secret form: mask first, then cut
+        reply = read_capped(response, settings.max_bytes + masker.longest, deadline)
+        return output(reply, url, hops, masker, settings.max_bytes)
