@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from broker import clock
-from broker.audit import AuditLog, flush
 from broker.audit import event as audit_event
+from broker.audit import flush
+from broker.checkpoints import audit_log
 from broker.clock import iso, parse_iso
 from broker.config import Config
 from broker.errors import BrokerError, DecisionError
@@ -159,7 +160,7 @@ def decide_and_wake(
         ledger, ref, verdict, approver=approver, reason=reason, surface=surface, sha256=sha256
     )
     try:
-        flush(ledger, AuditLog(config.audit_path))
+        flush(ledger, audit_log(config))
     except (BrokerError, OSError):
         # the decision is committed; the serving broker appends its audit lines
         log.warning("decision on %s recorded; audit flush left to the broker", ref)

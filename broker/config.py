@@ -57,6 +57,7 @@ class Config:
     notify: Mapping[str, Any] = field(default_factory=dict)
     web: Mapping[str, Any] = field(default_factory=dict)
     approvers: Mapping[str, Any] = field(default_factory=dict)
+    audit: Mapping[str, Any] = field(default_factory=dict)  # the audit key, checkpoints
     rescan_interval_s: float = 30.0
     preview_timeout_s: float = 30.0  # a handler's assessment or preview, off the loop
     allow_as: bool = False
@@ -299,7 +300,9 @@ def load_config(
         data = read_toml(path, ConfigError, "configuration file")
     else:
         path = None
-    unknown = set(data) - {"broker", "integrations", "sandbox", "approvers", "notify", "web"}
+    unknown = set(data) - {
+        "broker", "integrations", "sandbox", "approvers", "notify", "web", "audit"
+    }  # fmt: skip
     if unknown:
         raise ConfigError(f"{path}: unknown section [{sorted(unknown)[0]}]")
     section = data.get("broker", {})
@@ -325,6 +328,7 @@ def load_config(
         notify=data.get("notify", {}),
         web=data.get("web", {}),
         approvers=data.get("approvers", {}),
+        audit=data.get("audit", {}),
         rescan_interval_s=_duration(section.get("rescan_interval", "30s"), "rescan_interval"),
         preview_timeout_s=_duration(section.get("preview_timeout", "30s"), "preview_timeout"),
         allow_as=bool(section.get("allow_as", False)),

@@ -23,8 +23,9 @@ from broker import catalogue, intake, recovery
 from broker.admission import Admission
 from broker.apply import Workers, call
 from broker.assessing import Assessments
-from broker.audit import AuditLog, AuditWriter
+from broker.audit import AuditWriter
 from broker.batch import Batch
+from broker.checkpoints import audit_log, checkpoints_for
 from broker.config import Config
 from broker.deadlines import Deadlines
 from broker.events import (
@@ -80,7 +81,9 @@ class Broker:
         validator = Validator(registry.schemas())
         self.claims = intake.Claims(config.limits, validator, config.state_dir)
         self.admission = Admission(config, registry, policy, validator, self.lifecycle)
-        self.audit = AuditWriter(self.ledger, AuditLog(config.audit_path))
+        self.audit = AuditWriter(
+            self.ledger, audit_log(config), checkpoints=checkpoints_for(config)
+        )
         self.catalogue = catalogue.render(registry, policy)  # published into each results dir
         self.served = Served(
             config.state_dir / "control",
@@ -209,7 +212,7 @@ class Broker:
         while items := self._take(0):  # applies that finished during shutdown
             self.step(items)
         self.consumed.purge()
-        self.audit.sync()
+        self.audit.sync(final=True)  # and a last checkpoint exported
         self.step([])  # the ledger learns what is durable in the log and results
         self.served.close()  # its watcher too
         if self.notifier is not None:

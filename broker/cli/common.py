@@ -73,7 +73,10 @@ def assemble(
     """The config, the registry checked against it, and the policy; or one line."""
 
     def build() -> tuple[Config, Registry, Policy]:
+        from broker.checkpoints import audit_settings
+
         cfg = load_config(config, state_dir=state, policy=policy)
+        audit_settings(cfg)  # a broken [audit] stops the start, naming the key
         registry = default_registry()
         registry.check_config(cfg.integrations, cfg.base_dir)
         return cfg, registry, load_policy(cfg.policy_path, registry.reversibility())
