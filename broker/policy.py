@@ -141,6 +141,7 @@ class Policy:
 
     rules: tuple[Rule, ...] = ()
     source: str = "(no policy file: defaults only)"
+    warnings: tuple[str, ...] = ()  # rules that never decide (broker.policy_check)
 
     def classify(
         self,
@@ -217,16 +218,27 @@ def default_verdict(reversible: bool) -> Verdict:
     )
 
 
-def load_policy(path: Path | None, reversible: Reversibility) -> Policy:
-    """Read and check a policy file; a fault names the rule and the key."""
+def load_policy(
+    path: Path | None,
+    reversible: Reversibility,
+    schemas: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Policy:
+    """Read and check a policy file; a fault names the rule and the key. With the
+    registered effects' `schemas`, unknown effects and params are refused too."""
     if path is None:
         return Policy()
     from broker.config import read_toml
 
-    return parse_policy(read_toml(path, PolicyError, "policy file"), reversible, str(path))
+    data = read_toml(path, PolicyError, "policy file")
+    return parse_policy(data, reversible, str(path), schemas)
 
 
-def parse_policy(data: Mapping[str, Any], reversible: Reversibility, source: str) -> Policy:
+def parse_policy(
+    data: Mapping[str, Any],
+    reversible: Reversibility,
+    source: str,
+    schemas: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Policy:
     extra = set(data) - {"rules"}
     if extra:
         raise PolicyError(f"{source}: unknown top-level key {sorted(extra)[0]!r}")
@@ -234,7 +246,11 @@ def parse_policy(data: Mapping[str, Any], reversible: Reversibility, source: str
     if not isinstance(raw_rules, list):
         raise PolicyError(f"{source}: 'rules' must be an array of tables ([[rules]])")
     rules = tuple(_rule(i, raw, reversible, source) for i, raw in enumerate(raw_rules))
-    return Policy(rules, source)
+    if schemas is None:
+        return Policy(rules, source)
+    from broker.policy_check import check_rules
+
+    return Policy(rules, source, tuple(check_rules(rules, schemas, source)))
 
 
 def _rule(i: int, raw: Any, reversible: Reversibility, source: str) -> Rule:

@@ -79,7 +79,10 @@ def assemble(
         audit_settings(cfg)  # a broken [audit] stops the start, naming the key
         registry = default_registry()
         registry.check_config(cfg.integrations, cfg.base_dir)
-        return cfg, registry, load_policy(cfg.policy_path, registry.reversibility())
+        pol = load_policy(cfg.policy_path, registry.reversibility(), registry.schemas())
+        for warning in pol.warnings:
+            err.print(f"[yellow]warning:[/] {terminal(pol.source)}: {terminal(warning)}")
+        return cfg, registry, pol
 
     return guarded(build)
 
