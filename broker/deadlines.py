@@ -10,7 +10,6 @@ read again against the wall clock, the only clock that survives one.
 from __future__ import annotations
 
 import heapq
-import time
 from collections.abc import Callable
 from datetime import datetime
 
@@ -24,12 +23,18 @@ class Deadlines:
 
     def __init__(
         self,
-        monotonic: Callable[[], float] = time.monotonic,
-        wall: Callable[[], datetime] = clock.now,
+        monotonic: Callable[[], float] | None = None,
+        wall: Callable[[], datetime] | None = None,
     ) -> None:
         self._heap: list[tuple[float, str, str]] = []
-        self._monotonic = monotonic
-        self._wall = wall
+        self._mono = monotonic
+        self._wallclock = wall
+
+    def _monotonic(self) -> float:
+        return self._mono() if self._mono is not None else clock.monotonic()
+
+    def _wall(self) -> datetime:
+        return self._wallclock() if self._wallclock is not None else clock.now()
 
     def watch(self, record: Record) -> None:
         due = clock.parse_iso(record.expires_at)

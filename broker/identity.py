@@ -5,8 +5,9 @@
 - On the web it is the name of the approver whose token signed the request in
   (`[approvers.NAME]`); in Slack, the approver whose `slack_user` clicked.
 - Every name is normalised before a quorum counts it: Unicode NFKC, surrounding
-  whitespace trimmed, case-folded, then it must be 1 to 64 of `a-z 0-9 _ . @ -`,
-  starting with a letter or digit. `alice`, `Alice` and `"alice "` are one person.
+  whitespace trimmed and inner runs of it made one space, case-folded; then it must be
+  1 to 64 of `a-z 0-9 _ . @ : + ( ) -` and single spaces, starting with a letter or
+  digit. `alice`, `Alice`, `"alice "` and `ａｌｉｃｅ` are one person.
 """
 
 from __future__ import annotations
@@ -20,29 +21,31 @@ from broker.errors import DecisionError
 
 __all__ = ["APPROVER_NAME", "approver_name", "os_user", "same_person"]
 
-APPROVER_NAME = re.compile(r"[a-z0-9][a-z0-9_.@-]{0,63}")
+APPROVER_NAME = re.compile(r"[a-z0-9](?:[a-z0-9_.@:+()-]| (?! )){0,63}")
 """A normalised approver name."""
 
 
 def approver_name(name: str) -> str:
     """`name` normalised (NFKC, trimmed, case-folded); DecisionError if it is then not
     1-64 of a-z, 0-9, `_ . @ -` starting with a letter or digit."""
-    folded = unicodedata.normalize("NFKC", name).strip().casefold()
-    if not APPROVER_NAME.fullmatch(folded):
+    folded = _loose(name)
+    if not APPROVER_NAME.fullmatch(folded) or folded.endswith(" "):
         raise DecisionError(
             f"{name!r} is not a usable approver name: after trimming and lower-casing it "
-            "must be 1-64 of a-z, 0-9, '_', '.', '@', '-', starting with a letter or digit"
+            "must be 1-64 of a-z, 0-9, '_.@:+()-' and single spaces, starting with a "
+            "letter or digit"
         )
     return folded
+
+
+def _loose(name: str) -> str:
+    return " ".join(unicodedata.normalize("NFKC", name).split()).casefold()
 
 
 def same_person(a: str, b: str) -> bool:
     """Whether two recorded names are one person (old rows may predate normalisation)."""
 
-    def loose(name: str) -> str:
-        return unicodedata.normalize("NFKC", name).strip().casefold()
-
-    return loose(a) == loose(b)
+    return _loose(a) == _loose(b)
 
 
 def os_user() -> str:

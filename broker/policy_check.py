@@ -144,8 +144,6 @@ def shadowed(rules: Sequence[Any], names: Sequence[str]) -> list[str]:
 
 def _covers(first: Mapping[str, Any], then: Mapping[str, Any]) -> bool:
     """Whether every request meeting `then`'s conditions meets `first`'s."""
-    from broker.policy import _value_matches
-
     for key, expected in first.items():
         if key not in then:
             return False
@@ -154,6 +152,15 @@ def _covers(first: Mapping[str, Any], then: Mapping[str, Any]) -> bool:
             if isinstance(value, str) and any(c in value for c in "*?["):
                 if not ((isinstance(expected, str) and expected == "*") or expected == value):
                     return False
-            elif not _value_matches(expected, value):
+            elif not _matches(expected, value):
                 return False
     return True
+
+
+def _matches(expected: Any, value: Any) -> bool:
+    """A rule's condition against one literal value (as `broker.policy` matches them)."""
+    if isinstance(expected, list):
+        return any(_matches(e, value) for e in expected)
+    if isinstance(expected, str):
+        return isinstance(value, str) and fnmatchcase(value, expected)
+    return type(expected) is type(value) and expected == value

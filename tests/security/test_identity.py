@@ -98,9 +98,12 @@ def test_two_people_meet_the_quorum(quorum: BrokerHarness) -> None:
 
 
 def test_names_are_normalised_and_odd_ones_refused() -> None:
-    """Trimmed, case-folded, NFKC; a name with spaces or control characters inside is refused."""
+    """Trimmed, case-folded, NFKC, inner whitespace one space; a name with other
+    punctuation or control characters is refused."""
     assert approver_name("  Alice@Example.COM ") == "alice@example.com"
-    for bad in ("", "al ice", "al\u202eice", "-alice", "a" * 65):
+    assert approver_name("Chatbot:Alice") == "chatbot:alice"
+    assert approver_name("autogen  (run\tcancelled)") == "autogen (run cancelled)"
+    for bad in ("", "al;ice", "al/ice", "al\u202eice", "-alice", "a" * 65):
         with pytest.raises(DecisionError):
             approver_name(bad)
     assert os_user() == approver_name(pwd.getpwuid(os.geteuid()).pw_name)
