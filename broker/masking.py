@@ -74,6 +74,15 @@ class Masker:
         self._forms = sorted(every, key=len, reverse=True)
         self._bytes = [f.encode("utf-8") for f in self._forms]
         self.longest = max((len(b) for b in self._bytes), default=0)
+        # the last MIN_TAIL characters of each prefix → the prefixes ending so: a text's
+        # own last characters find the few prefixes worth comparing (the hot path)
+        self._tails: dict[str, list[str]] = {}
+        self._btails: dict[bytes, list[bytes]] = {}
+        for form, raw in zip(self._forms, self._bytes, strict=True):
+            for size in range(MIN_TAIL, len(form) + 1):
+                self._tails.setdefault(form[size - MIN_TAIL : size], []).append(form[:size])
+            for size in range(MIN_TAIL, len(raw) + 1):
+                self._btails.setdefault(raw[size - MIN_TAIL : size], []).append(raw[:size])
 
     def __bool__(self) -> bool:
         return bool(self._forms)
@@ -95,18 +104,12 @@ class Masker:
         for form in self._bytes:
             if form in data:
                 data = data.replace(form, mask)
-        for form in self._bytes:
-            for size in range(min(len(form), len(data)), MIN_TAIL - 1, -1):
-                if data.endswith(form[:size]):
-                    return data[:-size] + mask
-        return data
+        ends = [p for p in self._btails.get(data[-MIN_TAIL:], ()) if data.endswith(p)]
+        return data[: -max(map(len, ends))] + mask if ends else data
 
     def _tail(self, value: str) -> str:
-        for form in self._forms:
-            for size in range(min(len(form), len(value)), MIN_TAIL - 1, -1):
-                if value.endswith(form[:size]):
-                    return value[:-size] + MASK
-        return value
+        ends = [p for p in self._tails.get(value[-MIN_TAIL:], ()) if value.endswith(p)]
+        return value[: -max(map(len, ends))] + MASK if ends else value
 
     def __call__(self, value: Any) -> Any:
         """Any JSON-like value, keys and strings masked."""
