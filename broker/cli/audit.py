@@ -62,7 +62,7 @@ def verify(
         if not points:
             fail(f"{checkpoints}: holds no checkpoint", code=1)
         checked = f"; {len(points)} checkpoint(s) match"
-    keyed = "keyed" if key is not None else "not keyed: no [audit] key on this host"
+    keyed = "keyed" if key is not None else "not keyed: no \\[audit] key on this host"
     out.print(f"{path}: ok, {report.count} event(s), chain intact ({keyed}){checked}")
     if key is not None and report.unkeyed:
         out.print(

@@ -165,6 +165,21 @@ def test_a_forged_checkpoint_is_refused(host: Host, tmp_path: Path) -> None:
     assert "not signed by the audit key" in done.stderr
 
 
+def test_an_unkeyed_log_says_so(tmp_path: Path) -> None:
+    """Without [audit] key, verify still checks the chain and says it is not keyed."""
+    h = BrokerHarness(tmp_path / "h", handlers=[FakeHandler()])
+    with h:
+        assert h.submit(h.request("test.record", {"value": 1}))["status"] == "applied"
+    done = subprocess.run(
+        [str(BROKER), "audit", "verify", "--state", str(h.state)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "not keyed: no [audit] key on this host" in done.stdout
+
+
 def test_a_keyed_log_without_the_key_does_not_verify(host: Host) -> None:
     """Without [audit] key the keyed lines cannot be checked: verify says so, not ok."""
     (host.harness.state / "broker.toml").write_text("")
