@@ -13,6 +13,7 @@ from typing import Any
 
 from broker import clock
 from broker.batch import Batch
+from broker.canonical import canonical_request
 from broker.config import Config
 from broker.context import Memo, context_for
 from broker.errors import Denied, EffectFailed, Issue, Outcome, Rejected
@@ -30,6 +31,7 @@ from broker.validation import Validator
 from effects.base import Context
 
 log = logging.getLogger("broker")
+UNKNOWN_PROTECTED = "(not known: the assessment did not finish)"
 
 
 class PolicyDenied(Denied):
@@ -75,6 +77,7 @@ class Admission:
             return
         request = read.request
         assert request is not None
+        request, refused = self._canonical(request)
         existing = self.ledger.get(box.sandbox, request.id)
         if existing is not None:
             self._duplicate(existing, read, request.sha256, received, batch)
@@ -92,13 +95,22 @@ class Admission:
         )
         self.lifecycle.receive(record)
         try:
+            if refused is not None:
+                raise refused
             self._route(record, request, batch)
         except Outcome as exc:
             batch.answer.append(self.lifecycle.reject(record, exc, getattr(exc, "rule", None)))
 
+    def _canonical(self, request: Request) -> tuple[Request, Outcome | None]:
+        """The params schema, then the handler's canonical form: what is recorded,
+        hashed, matched, shown and applied (broker.canonical)."""
+        try:
+            return canonical_request(request, self.registry, self.validator, self.config), None
+        except Outcome as exc:
+            return request, exc
+
     def _route(self, record: Record, request: Request, batch: Batch) -> None:
         began = self.stages.start() if self.stages else 0
-        self.validator.params(request.effect, request.params)
         effect = self.registry.effect(request.effect)
         memo = Memo()
         ctx = context_for(self.config, record, memo)
@@ -111,15 +123,23 @@ class Admission:
             self.hold(self.lifecycle.hold(record), batch)
             return
         reversible = effect.reversible_for(request.params, ctx)
-        self.classify(record.evolve(reversible=reversible, seen=memo.recall()), batch)
+        protected = effect.protected_for(request.params, ctx)
+        record = record.evolve(reversible=reversible, seen=memo.recall())
+        self.classify(record, batch, protected=protected)
 
-    def classify(self, record: Record, batch: Batch, preview: dict[str, Any] | None = None) -> None:
-        """Apply, park or deny a request whose reversibility is known; a request people
-        must decide is held until its preview, made off the loop, comes back."""
+    def classify(
+        self,
+        record: Record,
+        batch: Batch,
+        preview: dict[str, Any] | None = None,
+        protected: tuple[str, ...] = (),
+    ) -> None:
+        """Apply, park or deny a request whose reversibility (and protected paths) are
+        known; a request people must decide is held until its preview comes back."""
         params = record.envelope["params"]
         effect = self.registry.effect(record.effect or "")
         began = self.stages.start() if self.stages else 0
-        verdict = self.policy.classify(effect.name, params, bool(record.reversible))
+        verdict = self.policy.classify(effect.name, params, bool(record.reversible), protected)
         if self.stages:
             self.stages.done(record.key, "policy", began)
         if verdict.action == "deny":
@@ -171,7 +191,10 @@ class Admission:
             if reversible is None:
                 reversible = bool(done.reversible) and done.broken is None  # fail closed
             record = record.evolve(reversible=reversible, seen=done.seen or record.seen)
-            self.classify(record, batch, preview)
+            protected = done.protected
+            if done.broken is not None and self.registry.effect(record.effect or "").protects:
+                protected = (UNKNOWN_PROTECTED,)  # fail closed: a person looks at it
+            self.classify(record, batch, preview, protected)
         except Outcome as exc:
             record = self.lifecycle.reject(record, exc, getattr(exc, "rule", None))
             batch.answer.append(record)
@@ -286,7 +309,8 @@ def assess(effect: Effect, record: Record, policy: Policy, config: Config) -> As
     try:
         if reversible is None:
             reversible = effect.reversible_for(params, ctx)
-        verdict = policy.classify(effect.name, params, bool(reversible))
+        protected = effect.protected_for(params, ctx)
+        verdict = policy.classify(effect.name, params, bool(reversible), protected)
         preview = preview_of(effect, params, ctx, record) if verdict.action == "approve" else None
     except EffectFailed as exc:
         issues = [i.to_json() for i in getattr(exc, "issues", ())]
@@ -298,7 +322,7 @@ def assess(effect: Effect, record: Record, policy: Policy, config: Config) -> As
             record.sha256 or "",
             broken="the handler failed while assessing this request; see the broker's log",
         )
-    return Assessed(record.key, record.sha256 or "", reversible, preview, memo.recall())
+    return Assessed(record.key, record.sha256 or "", reversible, preview, memo.recall(), protected)
 
 
 def preview_of(effect: Effect, params: Params, ctx: Context, record: Record) -> dict[str, Any]:

@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from broker import clock
-from broker.audit import AuditLog, flush
 from broker.audit import event as audit_event
+from broker.audit import flush
+from broker.checkpoints import audit_log
 from broker.clock import iso, parse_iso
 from broker.config import Config
 from broker.errors import BrokerError, DecisionError
+from broker.identity import approver_name, same_person
 from broker.ledger import Decision, Ledger, Record
 from broker.lifecycle import Lifecycle
 from broker.policy import batch_allowed, slack_buttons
@@ -69,11 +71,12 @@ def decide(
         raise DecisionError("a denial needs a reason: it goes back to the agent")
     if not approver.strip():
         raise DecisionError("a decision needs the name of the person who took it")
+    approver = approver_name(approver)  # `Alice` and "alice " are one person to a quorum
     with ledger.transaction():
         record = ledger.find(ref)
         _check_decidable(record, sha256)
         previous = ledger.decisions(*record.key)
-        if any(d.approver == approver for d in previous):
+        if any(same_person(d.approver, approver) for d in previous):
             raise DecisionError(
                 f"{approver} has already decided on {record.sandbox}/{record.id}; "
                 "a quorum needs different people"
@@ -157,7 +160,7 @@ def decide_and_wake(
         ledger, ref, verdict, approver=approver, reason=reason, surface=surface, sha256=sha256
     )
     try:
-        flush(ledger, AuditLog(config.audit_path))
+        flush(ledger, audit_log(config))
     except (BrokerError, OSError):
         # the decision is committed; the serving broker appends its audit lines
         log.warning("decision on %s recorded; audit flush left to the broker", ref)

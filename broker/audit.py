@@ -1,20 +1,26 @@
 """The audit log: append-only JSONL, one event per line, each line hash-chained.
 
-Every line carries `prev`, the hash of the line before it, and `hash`, the sha256 of
-its own canonical form without `hash`. Editing, removing or reordering any line
-breaks the chain at that line, and `verify` says which. Events reach the log through
-the ledger's queue (see ledger.py), each exactly once, in ledger order.
+Every line carries `prev`, the hash of the line before it, and `hash`: with the host's
+audit key (`[audit] key_env`/`key_file`, kept outside the state dir) the HMAC-SHA256 of
+its canonical form without `hash` under that key, marked `"alg": "hmac-sha256"`;
+without one, its sha256. Editing, removing or reordering any line breaks the chain at
+that line, and `verify` says which. Without the key nobody can append a line or re-seal
+the chain so that it verifies; the signed checkpoints exported off the state dir
+(broker.checkpoints) show a log cut short or rewritten by whoever holds it. Events
+reach the log through the ledger's queue (see ledger.py), each exactly once, in order.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import hmac
 import json
 import logging
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -42,8 +48,17 @@ def event(kind: str, record: Record, at: str | None = None, **extra: Any) -> dic
     return entry
 
 
-def line_hash(entry: dict[str, Any]) -> str:
-    return sha256_hex(canonical({k: v for k, v in entry.items() if k != "hash"}))
+KEYED = "hmac-sha256"
+
+
+def line_hash(entry: dict[str, Any], key: bytes | None = None) -> str:
+    """A line's hash: keyed (HMAC-SHA256) when the line says so, else its sha256."""
+    body = canonical({k: v for k, v in entry.items() if k != "hash"})
+    if entry.get("alg") == KEYED:
+        if key is None:
+            raise AuditError("a keyed audit line cannot be checked without the audit key")
+        return hmac.new(key, body, hashlib.sha256).hexdigest()
+    return sha256_hex(body)
 
 
 @dataclass(frozen=True)
@@ -57,8 +72,9 @@ class Fault:
 class AuditLog:
     """Appends events, chained, to `path`; reads them back for verify/tail/export."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, key: bytes | None = None) -> None:
         self.path = path
+        self.key = key
         path.parent.mkdir(parents=True, exist_ok=True)
         self._lock_path = path.with_name(path.name + ".lock")
         with self._locked():
@@ -128,7 +144,9 @@ class AuditLog:
             if seq <= last:
                 continue  # already appended before a crash
             entry = {"seq": seq, **event, "prev": head}
-            entry["hash"] = head = line_hash(entry)
+            if self.key is not None:
+                entry["alg"] = KEYED
+            entry["hash"] = head = line_hash(entry, self.key)
             lines.append(canonical(entry) + b"\n")
             last = seq
         if not lines:
@@ -172,9 +190,16 @@ class AuditWriter:
     they are appended again at start. `durable` is what the next transaction may
     drop from the queue."""
 
-    def __init__(self, ledger: Ledger, log: AuditLog, sync_every_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        log: AuditLog,
+        sync_every_s: float = 1.0,
+        checkpoints: Callable[[int, str, bool], None] | None = None,
+    ) -> None:
         self.ledger = ledger
         self.log = log
+        self.checkpoints = checkpoints  # told of each durable head; exports some of them
         self.sync_every_s = sync_every_s
         self.durable: tuple[int, str] | None = None
         self._appended = 0  # the last event appended to the log (maybe not fsynced)
@@ -196,7 +221,8 @@ class AuditWriter:
         if time.monotonic() - self._synced_at >= self.sync_every_s:
             self.sync()
 
-    def sync(self) -> None:
+    def sync(self, final: bool = False) -> None:
+        """Make what was appended durable; `final` (at stop) also exports a checkpoint."""
         if self._appended > self._synced:
             self.log.sync()
             self._synced = self._appended
@@ -204,6 +230,10 @@ class AuditWriter:
             if self.on_sync and self._undurable_since is not None:
                 _tell(self.on_sync, time.monotonic() - self._undurable_since)
             self._undurable_since = None
+            if self.checkpoints is not None:
+                self.checkpoints(self._appended, self.log.head, False)
+        if final and self.checkpoints is not None and self._synced:
+            self.checkpoints(self._synced, self.log.head, True)
         self._synced_at = time.monotonic()
 
     def undurable_for(self) -> float:
@@ -249,35 +279,92 @@ def read_events(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, str]]:
             yield number, value if isinstance(value, dict) else None, text
 
 
+@dataclass(frozen=True)
+class Report:
+    """What `check` found: lines checked, the first fault, how many lines (from the
+    start) carry only a sha256 chain (written before a key was configured)."""
+
+    count: int
+    fault: Fault | None
+    unkeyed: int = 0
+    hashes: dict[int, str] = field(default_factory=dict)
+
+
 def verify(path: Path, expected_head: tuple[int, str] | None = None) -> tuple[int, Fault | None]:
-    """Check the whole chain: (lines checked, first fault or None).
+    """Check the whole chain of an unkeyed log: (lines checked, first fault or None)."""
+    report = check(path, expected_head)
+    return report.count, report.fault
+
+
+def check(
+    path: Path, expected_head: tuple[int, str] | None = None, key: bytes | None = None
+) -> Report:
+    """Check the whole chain, keyed lines under `key`.
 
     `expected_head` is the (seq, hash) the ledger last saw appended; a log cut short
-    before it is reported too.
+    before it is reported too. A keyed line without the key, a key that does not match,
+    and an unkeyed line after a keyed one (appended by someone without the key) are
+    faults.
     """
     prev, last_seq, count, seen_head = GENESIS, 0, 0, expected_head is None
+    unkeyed, keyed_seen = 0, False
+    hashes: dict[int, str] = {}
     for number, entry, _raw in read_events(path):
         count = number
-        if entry is None:
-            return count, Fault(number, "not a JSON object: the line was edited or damaged")
-        if entry.get("prev") != prev:
-            return count, Fault(
-                number,
-                "its prev hash does not match the line before: a line was removed, "
-                "inserted or moved here",
-            )
-        if entry.get("hash") != line_hash(entry):
-            return count, Fault(number, "its content does not match its hash: the line was edited")
-        seq = entry.get("seq")
-        if not isinstance(seq, int) or seq <= last_seq:
-            return count, Fault(number, "its sequence number goes backwards: lines were reordered")
-        prev, last_seq = str(entry["hash"]), seq
-        if expected_head and (seq, prev) == expected_head:
+        fault = _line_fault(number, entry, prev, last_seq, key, keyed_seen)
+        if fault is not None:
+            return Report(count, fault, unkeyed, hashes)
+        assert entry is not None
+        keyed_seen = keyed_seen or entry.get("alg") == KEYED
+        unkeyed += 0 if keyed_seen else 1
+        prev, last_seq = str(entry["hash"]), int(entry["seq"])
+        hashes[last_seq] = prev
+        if expected_head and (last_seq, prev) == expected_head:
             seen_head = True
     if not seen_head and expected_head is not None:
-        return count, Fault(
+        fault = Fault(
             count + 1,
             f"the log ends before event {expected_head[0]}, which the ledger recorded as "
             "appended: lines were removed from the end",
         )
-    return count, None
+        return Report(count, fault, unkeyed, hashes)
+    return Report(count, None, unkeyed, hashes)
+
+
+def _line_fault(
+    number: int,
+    entry: dict[str, Any] | None,
+    prev: str,
+    last_seq: int,
+    key: bytes | None,
+    keyed_seen: bool,
+) -> Fault | None:
+    if entry is None:
+        return Fault(number, "not a JSON object: the line was edited or damaged")
+    if entry.get("prev") != prev:
+        return Fault(
+            number,
+            "its prev hash does not match the line before: a line was removed, "
+            "inserted or moved here",
+        )
+    keyed = entry.get("alg") == KEYED
+    if keyed and key is None:
+        return Fault(
+            number,
+            "the line is keyed (hmac-sha256) and no audit key was given: verify with the "
+            "host's [audit] key_env or key_file",
+        )
+    if keyed_seen and not keyed:
+        return Fault(
+            number,
+            "an unkeyed line after keyed ones: it was appended by someone without the audit key",
+        )
+    if entry.get("hash") != line_hash(entry, key):
+        what = "or the key is not the one that wrote it" if keyed else ""
+        return Fault(
+            number, f"its content does not match its hash: the line was edited {what}".strip()
+        )
+    seq = entry.get("seq")
+    if not isinstance(seq, int) or seq <= last_seq:
+        return Fault(number, "its sequence number goes backwards: lines were reordered")
+    return None

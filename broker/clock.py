@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -12,7 +13,13 @@ MAX_DURATION_S = 366 * 86400.0  # a deadline must be a date people can still act
 
 
 def now() -> datetime:
+    """The wall clock: for what is shown and stored."""
     return datetime.now(UTC)
+
+
+def monotonic() -> float:
+    """The monotonic clock: for how long things take and when deadlines come due."""
+    return time.monotonic()
 
 
 def iso(moment: datetime | None) -> str | None:

@@ -59,6 +59,7 @@ class Config:
     approvers: Mapping[str, Any] = field(default_factory=dict)
     metrics: Mapping[str, Any] | None = None  # [metrics]: on when present (broker.telemetry)
     tracing: Mapping[str, Any] | None = None  # [tracing]: on when present
+    audit: Mapping[str, Any] = field(default_factory=dict)  # the audit key, checkpoints
     rescan_interval_s: float = 30.0
     preview_timeout_s: float = 30.0  # a handler's assessment or preview, off the loop
     allow_as: bool = False
@@ -104,10 +105,28 @@ class Config:
                     except ConfigError:
                         continue
                     if secret and len(secret) >= 4:
-                        found.add(secret)
+                        found.update(_secret_parts(secret))
+                elif isinstance(value, list):
+                    for i, item in enumerate(value):
+                        if isinstance(item, Mapping):
+                            walk(item, f"{where}.{key}[{i}]")
 
         walk(self.integrations, "integrations")
+        walk(self.notify, "notify")
+        walk(self.web, "web")
         return frozenset(found)
+
+
+def _secret_parts(secret: str) -> set[str]:
+    """A secret, and for a secret URL (a webhook's) its path and query too: a server
+    echoes those alone ("no route for /hook/<secret>")."""
+    found = {secret}
+    if secret.startswith(("http://", "https://")):
+        rest = secret.split("://", 1)[1]
+        tail = rest[rest.find("/") :] if "/" in rest else ""
+        if len(tail) >= 8:
+            found.add(tail)
+    return found
 
 
 class Settings(Mapping[str, Any]):
@@ -292,7 +311,7 @@ def load_config(
         path = None
     unknown = set(data) - {
         *("broker", "integrations", "sandbox", "approvers", "notify", "web"),
-        *("metrics", "tracing"),
+        *("metrics", "tracing", "audit"),
     }
     if unknown:
         raise ConfigError(f"{path}: unknown section [{sorted(unknown)[0]}]")
@@ -321,6 +340,7 @@ def load_config(
         approvers=data.get("approvers", {}),
         metrics=_table(data, "metrics", path),
         tracing=_table(data, "tracing", path),
+        audit=data.get("audit", {}),
         rescan_interval_s=_duration(section.get("rescan_interval", "30s"), "rescan_interval"),
         preview_timeout_s=_duration(section.get("preview_timeout", "30s"), "preview_timeout"),
         allow_as=bool(section.get("allow_as", False)),

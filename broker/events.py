@@ -64,6 +64,7 @@ class Assessed:
     reversible: bool | None = None
     preview: dict[str, Any] | None = None
     seen: dict[str, Any] | None = None
+    protected: tuple[str, ...] = ()  # the protected paths the change touches
     refused: tuple[State, str, list[dict[str, str]]] | None = None
     broken: str | None = None
 

@@ -33,6 +33,7 @@ import httpx
 
 from broker.config import Config, resolve_secret
 from broker.errors import ConfigError
+from broker.masking import quiet_http_libraries
 from broker.render import neutralize
 
 if TYPE_CHECKING:
@@ -145,6 +146,7 @@ class Notifier:
         self.delivered = 0
         self.failed = 0
         self._queue: queue.Queue[tuple[Webhook, dict[str, Any]] | None] = queue.Queue()
+        quiet_http_libraries()  # httpx logs each URL at INFO, and a webhook's URL is a secret
         self._client = httpx.Client(timeout=10.0, transport=transport, follow_redirects=False)
         self._seen: set[tuple[str, str]] = set()
         self._thread = threading.Thread(target=self._run, name="broker-notify", daemon=True)

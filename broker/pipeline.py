@@ -23,8 +23,9 @@ from broker import catalogue, intake, recovery
 from broker.admission import Admission
 from broker.apply import Workers, call
 from broker.assessing import Assessments
-from broker.audit import AuditLog, AuditWriter
+from broker.audit import AuditWriter
 from broker.batch import Batch
+from broker.checkpoints import audit_log, checkpoints_for
 from broker.config import Config
 from broker.deadlines import Deadlines
 from broker.events import (
@@ -43,6 +44,7 @@ from broker.handover import Handover, has_requests
 from broker.ledger import Ledger
 from broker.lifecycle import Lifecycle
 from broker.marks import StartMarks
+from broker.masking import mask_logs
 from broker.models import Record
 from broker.notify import Notifier
 from broker.outbox import Outbox, Served
@@ -74,12 +76,15 @@ class Broker:
         self.policy = policy
         self.ledger = ledger or Ledger(config.ledger_path)
         self.redact = Redactor(config.secret_values())
+        mask_logs(self.redact.secrets)  # and in every log line this process writes
         self.lifecycle = Lifecycle(self.ledger, self.redact)
         # each effect's compiled when first seen; every name for "did you mean"
         validator = Validator(registry.schema, names=registry.names)
         self.claims = intake.Claims(config.limits, validator, config.state_dir)
         self.admission = Admission(config, registry, policy, validator, self.lifecycle)
-        self.audit = AuditWriter(self.ledger, AuditLog(config.audit_path))
+        self.audit = AuditWriter(
+            self.ledger, audit_log(config), checkpoints=checkpoints_for(config)
+        )
         # published into each results dir; what the handlers declare is kept in the state
         # dir, so a start imports only the handlers it uses
         self.catalogue = catalogue.render(registry, policy, config.state_dir / "effects.cache")
@@ -213,7 +218,7 @@ class Broker:
         while items := self._take(0):  # applies that finished during shutdown
             self.step(items)
         self.consumed.purge()
-        self.audit.sync()
+        self.audit.sync(final=True)  # and a last checkpoint exported
         self.step([])  # the ledger learns what is durable in the log and results
         self.served.close()  # its watcher too
         if self.notifier is not None:

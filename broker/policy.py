@@ -2,13 +2,16 @@
 
 Ordered rules; the first whose `effect` glob and `when` conditions match decides.
 With no matching rule: reversible effects apply automatically, the rest wait for a
-person for one hour and are then denied. `classify` is a pure function.
+person for one hour and are then denied. A request whose change touches a protected
+path (the handler's `protected_for`) waits for a person whatever the rule says, unless
+that rule names each such path in its own `protected_paths`; a deny still denies.
+`classify` is a pure function.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
@@ -32,7 +35,8 @@ ACTIONS = ("auto", "approve", "deny")
 # how people may decide what an approve rule holds: within a selection, from Slack
 SURFACE_KEYS = ("batch", "slack_buttons", "slack_buttons_irreversible")
 RULE_KEYS = {"effect", "when", "action", "reason", "approvals", "timeout", "on_timeout"}
-RULE_KEYS |= set(SURFACE_KEYS)
+RULE_KEYS |= {*SURFACE_KEYS, "protected_paths"}
+PROTECTED_RULE = "protected_paths"
 DEFAULT_TIMEOUT_S = 3600.0
 
 # effect name -> does its handler declare it reversible? (the registered effects)
@@ -83,10 +87,17 @@ class Rule:
     batch: bool = True
     slack_buttons: bool = False
     slack_buttons_irreversible: bool = False
+    protected_paths: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
         return f"rules[{self.index}]"
+
+    def names(self, path: str) -> bool:
+        """Whether this rule names a protected path in its own `protected_paths`."""
+        if path.startswith("(not known"):  # an assessment that did not finish names nothing
+            return False
+        return any(fnmatchcase(path, glob) for glob in self.protected_paths)
 
     def matches(self, effect: str, params: Mapping[str, Any]) -> bool:
         if not fnmatchcase(effect, self.effect):
@@ -130,17 +141,26 @@ class Policy:
 
     rules: tuple[Rule, ...] = ()
     source: str = "(no policy file: defaults only)"
+    warnings: tuple[str, ...] = ()  # rules that never decide (broker.policy_check)
 
-    def classify(self, effect: str, params: Mapping[str, Any], reversible: bool) -> Verdict:
-        for rule in self.rules:
-            if rule.matches(effect, params):
-                return rule.verdict()
-        return default_verdict(reversible)
+    def classify(
+        self,
+        effect: str,
+        params: Mapping[str, Any],
+        reversible: bool,
+        protected: Sequence[str] = (),
+    ) -> Verdict:
+        return self.explain(effect, params, reversible, protected)[0]
 
     def explain(
-        self, effect: str, params: Mapping[str, Any], reversible: bool
+        self,
+        effect: str,
+        params: Mapping[str, Any],
+        reversible: bool,
+        protected: Sequence[str] = (),
     ) -> tuple[Verdict, list[str]]:
-        """The verdict and one line per rule tried, up to the one that decided."""
+        """The verdict and one line per rule tried, up to the one that decided (and a
+        last line when protected paths overrule it)."""
         lines: list[str] = []
         for rule in self.rules:
             hit = rule.matches(effect, params)
@@ -149,10 +169,40 @@ class Policy:
                 f"{rule.explain(effect, params)}"
             )
             if hit:
-                return rule.verdict(), lines
+                return _guarded(rule.verdict(), rule, protected, lines)
         verdict = default_verdict(reversible)
         lines.append(f"default ({verdict.action}): {verdict.reason}")
+        return _guarded(verdict, None, protected, lines)
+
+
+def _guarded(
+    verdict: Verdict, rule: Rule | None, protected: Sequence[str], lines: list[str]
+) -> tuple[Verdict, list[str]]:
+    """A protected path not named by the deciding rule makes a person decide."""
+    unnamed = [p for p in protected if rule is None or not rule.names(p)]
+    if not unnamed or verdict.action == "deny":
         return verdict, lines
+    shown = ", ".join(unnamed[:10]) + (
+        f" and {len(unnamed) - 10} more" if len(unnamed) > 10 else ""
+    )
+    reason = (
+        f"the change touches protected paths ({shown}); a person must approve it whatever "
+        f"the rules say ({verdict.rule} said {verdict.action})"
+    )
+    timeout = verdict.timeout_s if verdict.action == "approve" else DEFAULT_TIMEOUT_S
+    guarded = replace(
+        verdict,
+        action="approve",
+        rule=f"{verdict.rule}+{PROTECTED_RULE}",
+        reason=reason,
+        timeout_s=timeout,
+        on_timeout="deny",
+        batch=False,
+        slack_buttons=False,
+        slack_buttons_irreversible=False,
+    )
+    lines.append(f"{PROTECTED_RULE} (approve): {reason}")
+    return guarded, lines
 
 
 def default_verdict(reversible: bool) -> Verdict:
@@ -168,16 +218,27 @@ def default_verdict(reversible: bool) -> Verdict:
     )
 
 
-def load_policy(path: Path | None, reversible: Reversibility) -> Policy:
-    """Read and check a policy file; a fault names the rule and the key."""
+def load_policy(
+    path: Path | None,
+    reversible: Reversibility,
+    schemas: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Policy:
+    """Read and check a policy file; a fault names the rule and the key. With the
+    registered effects' `schemas`, unknown effects and params are refused too."""
     if path is None:
         return Policy()
     from broker.config import read_toml
 
-    return parse_policy(read_toml(path, PolicyError, "policy file"), reversible, str(path))
+    data = read_toml(path, PolicyError, "policy file")
+    return parse_policy(data, reversible, str(path), schemas)
 
 
-def parse_policy(data: Mapping[str, Any], reversible: Reversibility, source: str) -> Policy:
+def parse_policy(
+    data: Mapping[str, Any],
+    reversible: Reversibility,
+    source: str,
+    schemas: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Policy:
     extra = set(data) - {"rules"}
     if extra:
         raise PolicyError(f"{source}: unknown top-level key {sorted(extra)[0]!r}")
@@ -185,7 +246,11 @@ def parse_policy(data: Mapping[str, Any], reversible: Reversibility, source: str
     if not isinstance(raw_rules, list):
         raise PolicyError(f"{source}: 'rules' must be an array of tables ([[rules]])")
     rules = tuple(_rule(i, raw, reversible, source) for i, raw in enumerate(raw_rules))
-    return Policy(rules, source)
+    if schemas is None:
+        return Policy(rules, source)
+    from broker.policy_check import check_rules
+
+    return Policy(rules, source, tuple(check_rules(rules, schemas, source)))
 
 
 def _rule(i: int, raw: Any, reversible: Reversibility, source: str) -> Rule:
@@ -213,11 +278,12 @@ def _rule(i: int, raw: Any, reversible: Reversibility, source: str) -> Rule:
             isinstance(v, (str, int, float, bool)) and not isinstance(v, dict) for v in values
         ):
             raise PolicyError(f"{where}.when.{key}: must be a value, a glob or a list of them")
+    protected = _protected_paths(where, raw, action)
     if action != "approve":
         for key in ("approvals", "timeout", "on_timeout", *SURFACE_KEYS):
             if key in raw:
                 raise PolicyError(f"{where}.{key}: only an 'approve' rule takes {key}")
-        return Rule(i, effect, action, reason, when)
+        return Rule(i, effect, action, reason, when, protected_paths=protected)
     approvals = raw.get("approvals", 1)
     if not isinstance(approvals, int) or isinstance(approvals, bool) or approvals < 1:
         raise PolicyError(f"{where}.approvals: must be a whole number ≥ 1")
@@ -231,7 +297,28 @@ def _rule(i: int, raw: Any, reversible: Reversibility, source: str) -> Rule:
     if on_timeout == "approve":
         _refuse_irreversible_auto_approve(where, effect, reversible)
     surfaces = _surfaces(where, raw, effect, reversible)
-    return Rule(i, effect, action, reason, when, approvals, timeout_s, on_timeout, *surfaces)
+    return Rule(
+        i, effect, action, reason, when, approvals, timeout_s, on_timeout, *surfaces, protected
+    )
+
+
+def _protected_paths(where: str, raw: Mapping[str, Any], action: str) -> tuple[str, ...]:
+    """The protected paths a rule names explicitly: each a path or a glob with a literal
+    part (a bare `*` names nothing); a deny rule has nothing to let through."""
+    value = raw.get("protected_paths")
+    if value is None:
+        return ()
+    if action == "deny":
+        raise PolicyError(f"{where}.protected_paths: a deny rule denies them already")
+    if not isinstance(value, list) or not value:
+        raise PolicyError(f"{where}.protected_paths: must be a list of paths or globs")
+    for glob in value:
+        if not isinstance(glob, str) or not glob.strip("*?[]/!"):
+            raise PolicyError(
+                f"{where}.protected_paths: {glob!r} names no path; name each protected "
+                'path (or a glob with a literal part, e.g. ".github/workflows/lint.yml")'
+            )
+    return tuple(value)
 
 
 def _surfaces(

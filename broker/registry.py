@@ -66,15 +66,20 @@ class Effect:
 
     @property
     def assess_inline(self) -> bool:
-        """Whether `reversible_for` may run on the loop: the handler says so, or it has
-        no reversible_for of its own (the default reads a flag)."""
-        own = getattr(type(self.handler), "reversible_for", None)
-        return bool(
-            getattr(self.handler, "assess_inline", False)
-            or self.inline
-            or own is None
-            or own is Handler.reversible_for
-        )
+        """Whether `reversible_for` and `protected_for` may run on the loop: the handler
+        says so, or it has neither of its own (the defaults read a flag, or nothing)."""
+        kind = type(self.handler)
+        own = [
+            getattr(kind, name, None) not in (None, getattr(Handler, name))
+            for name in ("reversible_for", "protected_for")
+        ]
+        return bool(getattr(self.handler, "assess_inline", False) or self.inline or not any(own))
+
+    @property
+    def protects(self) -> bool:
+        """Whether the handler has a `protected_for` of its own."""
+        own = getattr(type(self.handler), "protected_for", None)
+        return own not in (None, Handler.protected_for)
 
     @property
     def revertible(self) -> bool:
@@ -84,6 +89,16 @@ class Effect:
         if getattr(self.handler, "check_config", None) is not None:
             self.handler.check_config(settings)  # type: ignore[attr-defined]
 
+    def canonical(self, params: Params, ctx: Context) -> Params:
+        """The handler's one form of `params` (the params themselves by default)."""
+        own = getattr(self.handler, "canonical", None)
+        if own is None:
+            return params
+        found = own(params, ctx)
+        if not isinstance(found, Mapping):
+            raise TypeError(f"{self.name}.canonical returned {type(found).__name__}, not params")
+        return found
+
     def check(self, params: Params, ctx: Context) -> None:
         if getattr(self.handler, "check", None) is not None:
             self.handler.check(params, ctx)  # type: ignore[attr-defined]
@@ -91,6 +106,11 @@ class Effect:
     def reversible_for(self, params: Params, ctx: Context) -> bool:
         own = getattr(self.handler, "reversible_for", None)
         return bool(own(params, ctx)) if own is not None else self.reversible
+
+    def protected_for(self, params: Params, ctx: Context) -> tuple[str, ...]:
+        """The protected paths this request touches (none by default), sorted."""
+        own = getattr(self.handler, "protected_for", None)
+        return tuple(sorted({str(p) for p in own(params, ctx)})) if own is not None else ()
 
     def idempotent_for(self, params: Params, ctx: Context) -> bool:
         own = getattr(self.handler, "idempotent_for", None)

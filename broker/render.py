@@ -1,8 +1,10 @@
 """Neutralising untrusted text before a person sees it, in a terminal or in HTML.
 
 Anything that could hide or fake content is shown visibly instead: ANSI escapes and
-other control characters as `\\xNN`/`\\uNNNN`, bidi overrides and zero-width
-characters as `<U+202E>`-style tags. Newlines and tabs in bodies are kept.
+other control characters as `\\xNN`/`\\uNNNN`, bidi overrides, zero-width and other
+characters that draw nothing or pass for a space (Hangul fillers, the Braille blank,
+variation selectors, the grapheme joiner, non-ASCII spaces) as `<U+202E>`-style tags.
+Newlines and tabs in bodies are kept.
 """
 
 from __future__ import annotations
@@ -34,17 +36,36 @@ def _visible(ch: str) -> str:
     return f"<U+{code:04X}>"
 
 
+# Characters that draw nothing or look like a space while being something else: the
+# Unicode default-ignorables (fillers, variation selectors, the grapheme joiner, tags),
+# the Braille blank, and every space but U+0020.
+_BLANK_RANGES = (
+    (0x00A0, 0x00A0), (0x00AD, 0x00AD), (0x034F, 0x034F), (0x115F, 0x1160),
+    (0x1680, 0x1680), (0x17B4, 0x17B5), (0x180B, 0x180F), (0x2000, 0x200A),
+    (0x202F, 0x202F), (0x205F, 0x205F), (0x2800, 0x2800), (0x3000, 0x3000),
+    (0x3164, 0x3164), (0xFE00, 0xFE0F), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8),
+    (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF),
+)  # fmt: skip
+
+
+def _blank(code: int) -> bool:
+    return any(low <= code <= high for low, high in _BLANK_RANGES)
+
+
 def _is_hidden(ch: str, keep_newlines: bool) -> bool:
     if ch in "\n\t" and keep_newlines:
         return False
     code = ord(ch)
-    if code < 0x20 or 0x7F <= code < 0xA0 or code in _INVISIBLE:
+    if code < 0x20 or 0x7F <= code < 0xA0 or code in _INVISIBLE or _blank(code):
         return True
     return unicodedata.category(ch) in ("Cf", "Cs", "Co", "Cn") and code > 0x7F
 
 
 _SUSPECT = re.compile(
-    r"[\x00-\x1f\x7f-\x9f\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb\ud800-\udfff\ue000-\uf8ff]"
+    r"[\x00-\x1f\x7f-\xa0\xad\u034f\u061c\u115f\u1160\u1680\u17b4\u17b5\u180b-\u180f"
+    r"\u2000-\u200f\u2028-\u202f\u205f-\u206f\u2800\u3000\u3164\ufe00-\ufe0f\ufeff\uffa0"
+    r"\ufff0-\ufffb\ud800-\udfff\ue000-\uf8ff\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
+    r"\U000e0000-\U000e0fff]"
 )
 
 

@@ -205,9 +205,16 @@ class BrokerHarness:
         elif isinstance(policy, str):
             import tomllib
 
-            self.policy = parse_policy(tomllib.loads(policy), self.registry.reversibility(), "test")
+            self.policy = parse_policy(
+                tomllib.loads(policy),
+                self.registry.reversibility(),
+                "test",
+                self.registry.schemas(),
+            )
         elif policy is not None:
-            self.policy = parse_policy(policy, self.registry.reversibility(), "test")
+            self.policy = parse_policy(
+                policy, self.registry.reversibility(), "test", self.registry.schemas()
+            )
         else:
             self.policy = Policy()
         self.sandbox = sandbox

@@ -7,8 +7,10 @@ params are already validated against its schema, attachments are host-side copie
 secrets come only through `ctx.secret`. The broker calls, in this order:
 
     check_config(settings)          once, at start
+    canonical(params, ctx)          on the loop, right after the params schema
     check(params, ctx)              on the loop, while the request is recorded
     reversible_for(params, ctx)     on the loop if `assess_inline`, else on a worker
+    protected_for(params, ctx)      beside reversible_for: the protected paths it touches
     preview(params, ctx)            on a worker, with a deadline, if a person must decide
     apply(params, ctx)              on a worker (on the loop if `inline`)
     idempotent_for(params, ctx)     before apply, and after a crash mid-apply
@@ -39,6 +41,14 @@ Optional members (absent: the default below; present: the registry checks the ty
 
 - `check_config(settings) -> None`: validate `[integrations.<integration>]`; raise
   ConfigError naming the key. Default: accept anything.
+- `canonical(params, ctx) -> Params`: the one form of these params (paths without
+  `./`, `//` or a trailing `/`, keys and refs as the service spells them, URLs with
+  their host lower-cased and dot segments resolved). Return the params rewritten into
+  that form, or raise InvalidParams for input with no single meaning. The broker
+  records the canonical request, and its sha256 is what the agent's result, the
+  policy, the preview, the approval and `apply` all see: a rule on `path = "bin/*"`
+  cannot be stepped around with `./bin/x`. Must not call a service. Default: the
+  params as they came.
 - `check(params, ctx) -> None`: what the schema cannot express; raise InvalidParams.
   Must not call a service: it runs while the ledger's write lock is held.
 - `reversible_for(params, ctx) -> bool`: this request's reversibility (an S3 put
@@ -47,7 +57,14 @@ Optional members (absent: the default below; present: the registry checks the ty
   so the broker may call it on its loop. Default False for a handler with a
   `reversible_for` of its own: it runs on a worker with a deadline, and a request whose
   assessment breaks or times out is treated as irreversible (never applied on a
-  guess). A handler without its own `reversible_for` is assessed on the loop.
+  guess). A handler without its own `reversible_for` or `protected_for` is assessed
+  on the loop.
+- `protected_for(params, ctx) -> Sequence[str]`: the protected paths (or keys) this
+  request's change touches, by the host's configuration (`protected_paths`). When it
+  returns any, a person must approve the request whatever the rules say, unless the
+  rule that matched names each of them in its own `protected_paths`; a deny rule still
+  denies. Runs where `reversible_for` runs (so declare `assess_inline` only when both
+  read local state). Default: none.
 - `idempotent_for(params, ctx) -> bool`: may this request be applied again after a
   crash mid-apply? (A GET may, a POST may not.) Default: `idempotent`.
 - `inline: bool`: `apply` returns in microseconds, touches only local state and is
@@ -63,7 +80,7 @@ Test a handler with `broker.testing.make_context()`, which builds a real Context
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -150,8 +167,10 @@ REQUIRED_FLAGS = ("reversible", "idempotent")
 REQUIRED_METHODS = ("preview", "apply")
 OPTIONAL_METHODS = (
     "check_config",
+    "canonical",
     "check",
     "reversible_for",
+    "protected_for",
     "idempotent_for",
     "revert_preview",
     "revert",
@@ -185,11 +204,17 @@ class Handler:
     def check_config(self, settings: Mapping[str, Any]) -> None:
         reject_unknown_keys(settings, self.config_keys, self.name.split(".", 1)[0])
 
+    def canonical(self, params: Params, ctx: Context) -> Params:
+        return params
+
     def check(self, params: Params, ctx: Context) -> None:
         return None
 
     def reversible_for(self, params: Params, ctx: Context) -> bool:
         return self.reversible
+
+    def protected_for(self, params: Params, ctx: Context) -> Sequence[str]:
+        return ()
 
     def idempotent_for(self, params: Params, ctx: Context) -> bool:
         return self.idempotent

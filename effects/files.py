@@ -1,48 +1,42 @@
 """files.write: one file below the host's export root, never outside it.
 
 Settings, `[integrations.files]`:
-    root = "/srv/agent-exports"   # required to use files.write; must exist
+    root = "/srv/agent-exports"          # required to use files.write; must exist
+    per_sandbox = true                   # default: each sandbox writes below root/<sandbox>/
+    protected_paths = ["bin/*", "*.sh"]  # optional: a person approves writes there
 
-The path is walked component by component from a directory fd with O_NOFOLLOW, so
-`..`, absolute paths and symbolic links inside the root are refused, not followed.
+The path is canonical before the policy sees it (`./a`, `a//b`, `a/./b`, a trailing
+`/` or `/.` are rewritten; `..`, absolute paths, control characters and non-NFC text
+are refused), then walked component by component from a directory fd with O_NOFOLLOW,
+so symbolic links inside the root are refused, not followed. With `per_sandbox` (the
+default) sandboxes sharing a root never see each other's files, not even through
+"exists" or "unchanged" in a result; `per_sandbox = false` shares one tree.
 """
 
 from __future__ import annotations
 
-import difflib
 import errno
 import hashlib
 import os
 import stat
 import uuid
-from collections.abc import Mapping
-from pathlib import Path, PurePosixPath
+from collections.abc import Mapping, Sequence
+from fnmatch import fnmatchcase
+from pathlib import Path
 from typing import Any
 
-from broker.errors import ConfigError, EffectFailed, InvalidParams
+from broker.errors import ConfigError, EffectFailed
 from broker.models import Preview
 from broker.typing import JSON, Params
 from effects.base import Context, Handler
+from effects.canonical import relative_path
+from effects.textdiff import unified
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _parts(path: str) -> list[str]:
-    if "\x00" in path or any(ord(c) < 32 for c in path):
-        raise InvalidParams("/params/path", "the path holds control characters", "bad_path")
-    pure = PurePosixPath(path)
-    if pure.is_absolute():
-        raise InvalidParams(
-            "/params/path", "the path must be relative to the export root", "bad_path"
-        )
-    parts = [p for p in pure.parts if p != "."]
-    if not parts or ".." in parts:
-        raise InvalidParams(
-            "/params/path",
-            "the path must stay inside the export root ('..' is not allowed)",
-            "bad_path",
-        )
-    return parts
+    return relative_path(path, "/params/path").split("/")
 
 
 class FilesWrite(Handler):
@@ -55,8 +49,8 @@ class FilesWrite(Handler):
         "a new file can be deleted; an overwrite (overwrite: true) replaces the old "
         "content for good"
     )
-    config_keys = frozenset({"root"})
-    assess_inline = True  # reversible_for reads a param
+    config_keys = frozenset({"root", "per_sandbox", "protected_paths"})
+    assess_inline = True  # reversible_for and protected_for read params and settings
 
     def check_config(self, settings: Mapping[str, Any]) -> None:
         super().check_config(settings)
@@ -64,6 +58,14 @@ class FilesWrite(Handler):
             root = settings["root"]
             if not isinstance(root, str) or not Path(root).is_dir():
                 raise ConfigError(f"integrations.files.root: {root!r} is not an existing directory")
+        if not isinstance(settings.get("per_sandbox", True), bool):
+            raise ConfigError("integrations.files.per_sandbox: expected true or false")
+        globs = settings.get("protected_paths", [])
+        if not isinstance(globs, list) or not all(isinstance(g, str) and g for g in globs):
+            raise ConfigError("integrations.files.protected_paths: must be a list of globs")
+
+    def canonical(self, params: Params, ctx: Context) -> Params:
+        return {**params, "path": relative_path(params["path"], "/params/path")}
 
     def check(self, params: Params, ctx: Context) -> None:
         _parts(params["path"])
@@ -71,13 +73,27 @@ class FilesWrite(Handler):
     def reversible_for(self, params: Params, ctx: Context) -> bool:
         return not params.get("overwrite", False)
 
+    def protected_for(self, params: Params, ctx: Context) -> Sequence[str]:
+        path = "/".join(_parts(params["path"]))
+        globs = ctx.settings.get("protected_paths", [])
+        return [path] if any(fnmatchcase(path, g) for g in globs) else []
+
     def _root(self, ctx: Context) -> Path:
         root = ctx.settings.get("root")
         if not root:
             raise EffectFailed(
                 "failed: files.write is not configured on this host ([integrations.files] root)"
             )
-        return Path(root)
+        if not ctx.settings.get("per_sandbox", True):
+            return Path(root)
+        mine = Path(root) / ctx.sandbox
+        try:
+            os.mkdir(mine, 0o755)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise EffectFailed(f"failed: the export root is unavailable: {exc.strerror}") from exc
+        return mine
 
     def preview(self, params: Params, ctx: Context) -> Preview:
         root = self._root(ctx)
@@ -97,13 +113,11 @@ class FilesWrite(Handler):
             facts.append(("exists", f"yes, {len(old)} bytes"))
             if old != data:
                 facts.append(("overwrite", "yes" if params.get("overwrite") else "no: will fail"))
-                body = "".join(
-                    difflib.unified_diff(
-                        old.decode("utf-8", "replace").splitlines(keepends=True),
-                        content.splitlines(keepends=True),
-                        fromfile=f"{target} (now)",
-                        tofile=f"{target} (after)",
-                    )
+                body = unified(
+                    old.decode("utf-8", "replace"),
+                    content,
+                    fromfile=f"{target} (now)",
+                    tofile=f"{target} (after)",
                 )
                 kind = "diff"
         return Preview(
@@ -211,24 +225,35 @@ class FilesWrite(Handler):
             raise EffectFailed(f"failed: the export root is unavailable: {exc.strerror}") from exc
         try:
             for i, part in enumerate(parts[:-1]):
-                try:
-                    nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                except FileNotFoundError:
-                    if not create:
-                        raise
-                    os.mkdir(part, 0o755, dir_fd=fd)
-                    nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                except OSError as exc:
-                    where = "/".join(parts[: i + 1])
-                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                        raise EffectFailed(
-                            f"failed: {where} is a symbolic link or not a directory on the host; "
-                            "refusing to follow it"
-                        ) from exc
-                    raise EffectFailed(f"failed: cannot open {where}: {exc.strerror}") from exc
+                nxt = _enter(fd, part, "/".join(parts[: i + 1]), create)
                 os.close(fd)
                 fd = nxt
         except BaseException:
             os.close(fd)
             raise
         return fd
+
+
+def _enter(fd: int, part: str, where: str, create: bool) -> int:
+    """An fd of directory `part` below `fd`, made first if absent and `create`: a
+    directory another request made meanwhile is simply opened."""
+    try:
+        try:
+            return os.open(part, _DIR_FLAGS, dir_fd=fd)
+        except FileNotFoundError:
+            if not create:
+                raise
+        try:
+            os.mkdir(part, 0o755, dir_fd=fd)
+        except FileExistsError:
+            pass  # made by another request between our open and our mkdir
+        return os.open(part, _DIR_FLAGS, dir_fd=fd)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise EffectFailed(
+                f"failed: {where} is a symbolic link or not a directory on the host; "
+                "refusing to follow it"
+            ) from exc
+        raise EffectFailed(f"failed: cannot open {where}: {exc.strerror}") from exc

@@ -4,7 +4,7 @@ Settings, `[integrations.git]`:
 
     cache_dir = "/var/lib/broker/git-cache"        # default: <state>/git-cache
     protected_branches = ["main", "release/*"]     # never pushed to by an agent
-    protected_paths = [".github/workflows/*"]      # refused unless touch_protected
+    protected_paths = [".github/workflows/*"]      # a person approves a change to them
     [integrations.git.remotes.origin]
     url = "https://github.com/acme/api.git"        # or a path, for a local remote
     token_env = "GITHUB_TOKEN"                     # optional, for https
@@ -12,16 +12,16 @@ Settings, `[integrations.git]`:
     default_branch = "main"                        # what a new branch is compared with
 
 The host verifies the bundle against a cache of the remote, shows the exact diff,
-refuses protected branches and paths, and pushes with `--force-with-lease`, so a
-branch that moved since the request is never overwritten.
+refuses protected branches, and pushes with `--force-with-lease`, so a branch that
+moved since the request is never overwritten. A change touching `protected_paths`
+(added, edited, deleted or renamed away, whatever its characters) waits for a person
+whatever the policy's rules say, unless the matching rule names those paths; the
+request must say `touch_protected: true` to acknowledge it, and a push whose change
+touches protected paths its assessment did not see fails.
 """
 
 from __future__ import annotations
 
-import base64
-import os
-import subprocess
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -32,25 +32,10 @@ from broker.errors import ConfigError, EffectFailed, InvalidParams
 from broker.models import Preview
 from broker.typing import JSON, Params
 from effects.base import Context, Handler, Settings
+from effects.canonical import branch_name
+from effects.gitrun import _EMPTY_TREE, Git, Remote, _diff_span, _lock
 
 MAX_PATCH = 1 << 20
-TIMEOUT_S = 120.0
-_locks: dict[str, threading.Lock] = {}
-_locks_guard = threading.Lock()
-
-
-def _lock(key: str) -> threading.Lock:
-    with _locks_guard:
-        return _locks.setdefault(key, threading.Lock())
-
-
-@dataclass(frozen=True)
-class Remote:
-    name: str
-    url: str
-    token: str | None
-    username: str
-    default_branch: str
 
 
 @dataclass(frozen=True)
@@ -63,52 +48,6 @@ class Prepared:
     current: str | None  # the branch's commit on the remote now (None: absent)
     base: str  # what the diff is shown against
     changed: tuple[str, ...]
-
-
-class GitError(EffectFailed):
-    """A git command failed; the reason carries the tail of its stderr."""
-
-
-class Git:
-    """Runs git in one bare cache repository, isolated from any user or system config."""
-
-    def __init__(self, repo: Path, remote: Remote | None = None) -> None:
-        self.repo = repo
-        self.env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": str(repo),
-            "GIT_CONFIG_NOSYSTEM": "1",
-            "GIT_TERMINAL_PROMPT": "0",
-            "GIT_ASKPASS": "/bin/false",
-            "LC_ALL": "C",
-        }
-        if remote is not None and remote.token:
-            basic = base64.b64encode(f"{remote.username}:{remote.token}".encode()).decode()
-            # in the environment, not on the command line: other users cannot read it
-            self.env.update(
-                GIT_CONFIG_COUNT="1",
-                GIT_CONFIG_KEY_0="http.extraHeader",
-                GIT_CONFIG_VALUE_0=f"Authorization: Basic {basic}",
-            )
-
-    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        try:
-            done = subprocess.run(
-                ["git", "-C", str(self.repo), *args],
-                env=self.env,
-                capture_output=True,
-                text=True,
-                timeout=TIMEOUT_S,
-                errors="replace",
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise GitError(f"failed: git {args[0]} took longer than {TIMEOUT_S:g}s") from exc
-        except OSError as exc:
-            raise GitError(f"failed: git cannot run on the host: {exc.strerror}") from exc
-        if check and done.returncode != 0:
-            tail = " ".join(done.stderr.strip().splitlines()[-3:])[:400]
-            raise GitError(f"failed: git {args[0]}: {tail or 'exit ' + str(done.returncode)}")
-        return done
 
 
 class GitPush(Handler):
@@ -144,11 +83,15 @@ class GitPush(Handler):
 
     # -- request checks ------------------------------------------------------------
 
+    def canonical(self, params: Params, ctx: Context) -> Params:
+        branch_name(params["branch"], "/params/branch")
+        if params.get("base"):
+            branch_name(params["base"], "/params/base")
+        return params
+
     def check(self, params: Params, ctx: Context) -> None:
         self._remote(params, ctx)
-        branch = params["branch"]
-        if ".." in branch or branch.endswith((".lock", "/", ".")) or "//" in branch:
-            raise InvalidParams("/params/branch", f"{branch!r} is not a valid branch name")
+        branch = branch_name(params["branch"], "/params/branch")
         for glob in ctx.settings.get("protected_branches", []):
             if fnmatchcase(branch, glob):
                 raise InvalidParams(
@@ -227,8 +170,10 @@ class GitPush(Handler):
         else:
             found = self._rev(git, f"refs/remotes/origin/{base_name}")
             base = found or _EMPTY_TREE
-        changed = git("diff", "--name-only", *_diff_span(base, new[0])).stdout.splitlines()
-        return Prepared(remote, cache, new[0], current, base, tuple(p for p in changed if p))
+        # -z: paths as they are (never C-quoted); --no-renames: a rename shows both ends
+        names = git("diff", "--name-only", "-z", "--no-renames", *_diff_span(base, new[0]))
+        changed = tuple(p for p in names.stdout.split("\0") if p)
+        return Prepared(remote, cache, new[0], current, base, changed)
 
     @staticmethod
     def _heads(git: Git, bundle: str) -> list[tuple[str, str]]:
@@ -264,6 +209,20 @@ class GitPush(Handler):
     def _protected(self, prepared: Prepared, params: Params, ctx: Context) -> list[str]:
         globs = ctx.settings.get("protected_paths", [])
         return [p for p in prepared.changed if any(fnmatchcase(p, g) for g in globs)]
+
+    def protected_for(self, params: Params, ctx: Context) -> Sequence[str]:
+        """The protected paths the bundle's change touches, computed on live state (off
+        the loop); the request must acknowledge them with touch_protected."""
+        touched = self._protected(self._prepare(params, ctx), params, ctx)
+        if touched and not params.get("touch_protected"):
+            raise InvalidParams(
+                "/params/touch_protected",
+                f"the change touches protected paths ({', '.join(touched[:5])}); set "
+                "touch_protected: true if intended (a person must approve it)",
+                "protected_path",
+            )
+        ctx.remember({"protected": touched})
+        return touched
 
     # -- preview, apply, revert ----------------------------------------------------
 
@@ -324,6 +283,13 @@ class GitPush(Handler):
                     "touch_protected: true if intended (a person must approve it)",
                     "protected_path",
                 )
+            assessed = (ctx.recall() or {}).get("protected", [])
+            unseen = sorted(set(touched) - set(assessed))
+            if unseen:
+                raise EffectFailed(
+                    f"failed: the change now touches protected paths its assessment did not "
+                    f"see ({', '.join(unseen[:5])}); nothing was pushed: send the request again"
+                )
             self._push(prepared.cache, remote, prepared.new, branch, params["expected_old"])
             return {**out, "pushed": True, "commits": self._count(prepared)}
 
@@ -371,15 +337,6 @@ class GitPush(Handler):
             cache = self._cache(remote, ctx)
             self._push(cache, remote, output.get("old"), output["branch"], output["new"])
         return {"branch": output["branch"], "restored": output.get("old")}
-
-
-# git's well-known empty tree: the base of a branch with no common history
-_EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
-
-
-def _diff_span(base: str, new: str) -> list[str]:
-    """What `git diff` compares: from the merge base, or from nothing for new history."""
-    return [_EMPTY_TREE, new] if base == _EMPTY_TREE else [f"{base}...{new}"]
 
 
 def _log_span(prepared: Prepared) -> list[str]:

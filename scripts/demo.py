@@ -138,9 +138,10 @@ def main() -> int:
         serve.wait(30)
     stop.set()
     say("what the host now holds")
-    print(f"exports: {sorted(p.name for p in (DEMO / 'exports').iterdir())}")
-    report = DEMO / "exports" / "report.md"
-    print(report.read_text() if report.exists() else "(no report.md)")
+    exports = DEMO / "exports"  # each sandbox writes below exports/<sandbox>/
+    print(f"exports: {sorted(str(p.relative_to(exports)) for p in exports.rglob('*'))}")
+    report = next(exports.rglob("report.md"), None)
+    print(report.read_text() if report is not None else "(no report.md)")
     say("the audit log (broker audit tail), and its hash chain (broker audit verify)")
     subprocess.run([BROKER, "audit", "tail", "-n", "12"], env=env)
     subprocess.run([BROKER, "audit", "verify"], env=env)

@@ -124,7 +124,8 @@ def main() -> int:
     say("a CodeExecutorAgent whose executor is a sandbox and whose gate is the broker")
     asyncio.run(conversation(config, env))
     say("what the approved block wrote through the outbox:")
-    print((DEMO / "exports" / "report.md").read_text())
+    report = next((DEMO / "exports").rglob("report.md"), None)  # exports/<sandbox>/
+    print(report.read_text() if report is not None else "(no report.md)")
     say("the audit log: every request, decision and outcome, and who decided")
     subprocess.run([BROKER, "audit", "tail", "-n", "30"], env=env)
     subprocess.run([BROKER, "audit", "verify"], env=env)

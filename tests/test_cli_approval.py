@@ -273,7 +273,7 @@ def test_show_card_has_what_where_why_deadline_flags_and_undo(start: Start, expo
     out = ok(cli(h, "show", pending["id"]))
     assert f"default/{pending['id']}" in out
     assert "line one" in out and "line two" in out
-    assert str(exports / "out" / "report.txt") in out
+    assert str(exports / "default" / "out" / "report.txt") in out
     assert f"rules[1]: {FILES_REASON}" in out
     assert pending["expires_at"] in out
     assert "denied (fails closed)" in out

@@ -28,10 +28,18 @@ def running(h: BrokerHarness) -> Iterator[BrokerHarness]:
 
 
 @pytest.fixture
+def exports(tmp_path: Path) -> Path:
+    """Where the harness's sandbox (`default`) writes: its own directory below the root."""
+    mine = tmp_path / "exports" / "default"
+    mine.mkdir(parents=True)
+    return mine
+
+
+@pytest.fixture
 def broker(tmp_path: Path, exports: Path) -> Iterator[BrokerHarness]:
-    """A running broker with files.write rooted at `exports`, default policy."""
+    """A running broker with files.write rooted at `exports`' parent, default policy."""
     with running(
-        BrokerHarness(tmp_path / "b", integrations={"files": {"root": str(exports)}})
+        BrokerHarness(tmp_path / "b", integrations={"files": {"root": str(exports.parent)}})
     ) as h:
         yield h
 

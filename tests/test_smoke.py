@@ -13,7 +13,7 @@ def test_files_write_applies_and_answers(harness: BrokerHarness, exports: Path) 
     doc = harness.request("files.write", {"path": "notes/a.txt", "content": "hi\n"})
     result = harness.submit(doc)
     assert result["status"] == "applied"
-    assert (exports / "notes" / "a.txt").read_text() == "hi\n"
+    assert (exports / "default" / "notes" / "a.txt").read_text() == "hi\n"
     assert result["output"]["path"] == "notes/a.txt"
     assert not list(harness.outbox.iterdir())
     count, fault = audit.verify(harness.config.audit_path)

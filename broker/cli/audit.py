@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from datetime import UTC
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -20,12 +21,26 @@ app = typer.Typer(help="Read and verify the audit log.", no_args_is_help=True)
 QUIET_KEYS = ("at", "event", "sandbox", "id", "effect", "prev", "hash", "seq", "sha256")
 
 
+CheckpointsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--checkpoints",
+        help="exported checkpoints (the checkpoint file, or syslog or webhook lines) to check",
+    ),
+]
+
+
 @app.command("verify")
-def verify(config: ConfigOpt = None, state: StateOpt = None) -> None:
-    """Check the hash chain of the whole audit log; name the first broken line."""
+def verify(
+    config: ConfigOpt = None, state: StateOpt = None, checkpoints: CheckpointsOpt = None
+) -> None:
+    """Check the hash chain (keyed with the host's audit key) of the whole audit log and,
+    given exported checkpoints, that the log still holds each; name the first fault."""
+    from broker.checkpoints import audit_settings, check_checkpoints, read_checkpoints
     from broker.ledger import Ledger
 
     cfg = config_only(config, state)
+    key = guarded(lambda: audit_settings(cfg)).key
     path = cfg.audit_path
     head = None
     if cfg.ledger_path.exists():
@@ -34,10 +49,27 @@ def verify(config: ConfigOpt = None, state: StateOpt = None) -> None:
         ledger.close()
     if not path.exists():
         fail(f"no audit log at {path}: is --state (or the config's state_dir) right?", code=1)
-    count, fault = audit_log.verify(path, head)
-    if fault is not None:
-        fail(f"{path}: line {fault.line}: {fault.problem}", code=1)
-    out.print(f"{path}: ok, {count} event(s), chain intact")
+    report = audit_log.check(path, head, key)
+    if report.fault is not None:
+        fail(f"{path}: line {report.fault.line}: {report.fault.problem}", code=1)
+    checked = ""
+    if checkpoints is not None:
+        if key is None:
+            fail("--checkpoints: checkpoints are checked with the audit key ([audit] key_file)")
+        points = guarded(lambda: read_checkpoints(checkpoints))
+        fault = check_checkpoints(points, report.hashes, key)
+        if fault is not None:
+            fail(f"{checkpoints}: line {fault.line}: {fault.problem}", code=1)
+        if not points:
+            fail(f"{checkpoints}: holds no checkpoint", code=1)
+        checked = f"; {len(points)} checkpoint(s) match"
+    keyed = "keyed" if key is not None else "not keyed: no \\[audit] key on this host"
+    out.print(f"{path}: ok, {report.count} event(s), chain intact ({keyed}){checked}")
+    if key is not None and report.unkeyed:
+        out.print(
+            f"note: the first {report.unkeyed} line(s) predate the audit key and are only "
+            "hash-chained"
+        )
 
 
 @app.command("tail")

@@ -73,10 +73,16 @@ def assemble(
     """The config, the registry checked against it, and the policy; or one line."""
 
     def build() -> tuple[Config, Registry, Policy]:
+        from broker.checkpoints import audit_settings
+
         cfg = load_config(config, state_dir=state, policy=policy)
+        audit_settings(cfg)  # a broken [audit] stops the start, naming the key
         registry = default_registry()
         registry.check_config(cfg.integrations, cfg.base_dir)
-        return cfg, registry, load_policy(cfg.policy_path, registry.reversibility())
+        pol = load_policy(cfg.policy_path, registry.reversibility(), registry.schemas())
+        for warning in pol.warnings:
+            err.print(f"[yellow]warning:[/] {terminal(pol.source)}: {terminal(warning)}")
+        return cfg, registry, pol
 
     return guarded(build)
 
@@ -95,14 +101,15 @@ def open_ledger(cfg: Config) -> Ledger:
 
 
 def identity(as_: str | None, cfg: Config) -> str:
-    """Who decides: the OS user, or `--as NAME` where the host allows it."""
-    import getpass
+    """Who decides: the account of the effective uid (the password database, never
+    $USER), or `--as NAME` where the host allows it; normalised (broker.identity)."""
+    from broker.identity import approver_name, os_user
 
     if as_ is not None:
         if not cfg.allow_as:
             fail("--as is not allowed on this host (set allow_as = true under [broker])")
-        return as_
-    return getpass.getuser()
+        return guarded(lambda: approver_name(as_))
+    return guarded(os_user)
 
 
 def age(seconds: float | None) -> str:

@@ -26,6 +26,7 @@ import typer
 
 from broker.cli.common import assemble, err, guarded
 from broker.config import Config
+from broker.masking import mask_logs
 from broker.policy import Policy
 from broker.registry import Registry
 from broker.telemetry import Telemetry
@@ -110,6 +111,7 @@ def daemon(args: DaemonArgs, *, quiet: bool = False) -> Iterator[Daemon]:
     policy and notifier; on the way out, the web inbox stops."""
     _logging(args.verbose, quiet)
     cfg, registry, pol = assemble(args.config, args.state, args.policy)
+    mask_logs(cfg.secret_values())  # no secret in any log line, from the web or a notifier
     d = Daemon(args, cfg, registry, pol, guarded(lambda: notifier_for(cfg)))
     d.telemetry = guarded(lambda: Telemetry.from_config(cfg, registry))
     try:

@@ -208,7 +208,8 @@ def undo(
 ) -> None:
     """Reverse an applied effect, when its handler can; shows what it will do first."""
     from broker import undo as undo_mod
-    from broker.audit import AuditLog, flush
+    from broker.audit import flush
+    from broker.checkpoints import audit_log
 
     cfg, registry, _ = assemble(config, state, None)
     ledger = open_ledger(cfg)
@@ -224,7 +225,7 @@ def undo(
         _confirm_undo()
     who = identity(as_, cfg)
     record = guarded(lambda: undo_mod.execute(ledger, cfg, chosen, who))
-    guarded(lambda: flush(ledger, AuditLog(cfg.audit_path)))
+    guarded(lambda: flush(ledger, audit_log(cfg)))
     if record.state != "applied":
         fail(f"undo failed: {record.reason}", code=1)
     out.print(f"undone: {terminal(ref)} (recorded as {record.sandbox}/{terminal(record.id)})")
@@ -250,7 +251,8 @@ def reconcile(
 ) -> None:
     """Settle a request that ended `unknown`: say whether the effect happened."""
     from broker import undo as undo_mod
-    from broker.audit import AuditLog, flush
+    from broker.audit import flush
+    from broker.checkpoints import audit_log
 
     if applied is None:
         fail("say what you found: --applied or --not-applied")
@@ -258,6 +260,6 @@ def reconcile(
     ledger = open_ledger(cfg)
     who = identity(as_, cfg)
     record = guarded(lambda: undo_mod.reconcile(ledger, ref, bool(applied), who, reason))
-    guarded(lambda: flush(ledger, AuditLog(cfg.audit_path)))
+    guarded(lambda: flush(ledger, audit_log(cfg)))
     found = "applied" if applied else "not applied"
     out.print(f"{terminal(record.sandbox)}/{terminal(record.id)}: recorded as {found} by {who}")

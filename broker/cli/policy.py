@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -17,11 +18,8 @@ from broker.cli.common import (
     out,
     print_json,
 )
-from broker.config import Config
-from broker.errors import BrokerError
-from broker.models import Verdict
-from broker.policy import Policy, load_policy
-from broker.registry import Registry, default_registry
+from broker.policy import load_policy
+from broker.registry import default_registry
 from broker.render import terminal
 
 app = typer.Typer(help="Check and explain policy files.", no_args_is_help=True)
@@ -31,8 +29,10 @@ app = typer.Typer(help="Check and explain policy files.", no_args_is_help=True)
 def check(file: Path, config: ConfigOpt = None, state: StateOpt = None) -> None:
     """Load a policy file and say whether it is valid."""
     registry = guarded(default_registry)
-    pol = guarded(lambda: load_policy(file, registry.reversibility()))
+    pol = guarded(lambda: load_policy(file, registry.reversibility(), registry.schemas()))
     out.print(f"{terminal(str(file))}: ok, {len(pol.rules)} rule(s)")
+    for warning in pol.warnings:
+        out.print(f"  [yellow]warning:[/] {terminal(warning)}")
     for rule in pol.rules:
         cond = f" when {dict(rule.when)}" if rule.when else ""
         extra = ""
@@ -53,33 +53,24 @@ def explain(
     state: StateOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Say which rule decides a request, and why the others do not."""
+    """Say what the broker would decide for a request, and why: its canonical params,
+    its reversibility and protected paths as the handler assesses them, every rule tried."""
+    from broker.explain import explain as explained
+
     cfg, registry, pol = assemble(config, state, policy)
-    verdict, lines = guarded(lambda: _explain(request, cfg, registry, pol))
+    found = guarded(lambda: explained(Path(request).read_bytes(), cfg, registry, pol))
     if json_out:
-        print_json({"verdict": verdict.to_json(), "trace": lines})
+        print_json(found.to_json())
         return
     out.print(f"policy: {terminal(pol.source)}")
-    for line in lines:
+    if found.verdict is None:
+        out.print(f"→ [bold]{terminal(str(found.outcome))}[/] (before any rule is consulted)")
+        return
+    for line in found.trace:
         out.print(f"  {terminal(line)}")
+    out.print(f"  params (canonical): {terminal(json.dumps(found.params, ensure_ascii=False))}")
+    out.print(f"  reversible (this request): {'yes' if found.reversible else 'no'}")
+    if found.protected:
+        out.print(f"  protected paths touched: {terminal(', '.join(found.protected))}")
+    verdict = found.verdict
     out.print(f"→ [bold]{verdict.action}[/] by {verdict.rule}: {terminal(verdict.reason)}")
-
-
-def _explain(
-    request: Path, cfg: Config, registry: Registry, pol: Policy
-) -> tuple[Verdict, list[str]]:
-    """The verdict and trace for a request file; a file that is no request is an error."""
-    from broker import intake
-
-    data = Path(request).read_bytes()
-    doc = intake.parse_json(data, cfg.limits.max_depth)  # Rejected is a BrokerError
-    if not isinstance(doc, dict) or not isinstance(doc.get("effect"), str):
-        raise BrokerError(f"{request}: not a request (no 'effect')")
-    params: dict[str, Any] = doc["params"] if isinstance(doc.get("params"), dict) else {}
-    effect = doc["effect"]
-    if effect not in registry:
-        raise BrokerError(
-            f"no effect named {effect!r} is registered: the broker answers such a "
-            "request `invalid` before any rule is consulted"
-        )
-    return pol.explain(effect, params, registry.get(effect).reversible)

@@ -7,6 +7,8 @@ import queue
 import threading
 from typing import TYPE_CHECKING, Any
 
+from rich.cells import cell_len, chop_cells
+
 from broker.cli.common import age, identity, out
 from broker.config import Config
 from broker.errors import BrokerError
@@ -21,10 +23,13 @@ VERDICTS = {"a": "approve", "d": "deny"}
 
 
 def print_card(c: dict[str, Any]) -> None:
-    """The approval card, readable in five seconds; every untrusted string neutralised."""
+    """The approval card, readable in five seconds; every untrusted string neutralised,
+    and every character of it shown: lines wrap to the terminal, nothing is cropped."""
     what = c["what"]
     status = terminal(f"[{c['status']}]")
-    out.rule(f"[bold]{terminal(c['ref'])}[/]  {terminal(c['effect'] or '')}  {status}")
+    # the header in full (a rule's title would crop the ref people copy), then a rule
+    out.print(f"[bold]{terminal(c['ref'])}[/]  {terminal(c['effect'] or '')}  {status}")
+    out.rule()
     out.print(f"[bold]WHAT[/]   {terminal(what['title'])}")
     out.print(f"[bold]WHERE[/]  {terminal(c['where'] or '')}")
     for key, value in what["facts"]:
@@ -47,17 +52,44 @@ def print_card(c: dict[str, Any]) -> None:
     _print_decisions(c)
 
 
-def _print_body(what: dict[str, Any]) -> None:
-    """The exact content (diff, JSON, text), neutralised, in a panel."""
-    from rich.panel import Panel
-    from rich.syntax import Syntax
+FIRST, MORE = "│ ", "┆ "  # a line of the content; the same line, continued
+TAB = "→   "  # a tab, shown (four cells)
+_STYLES = {"+": "green", "-": "red", "@": "cyan"}
 
-    body = neutralize(what["body"] or "", keep_newlines=True)
-    if body:
-        lexer = {"diff": "diff", "json": "json"}.get(what["body_kind"], "text")
-        out.print(
-            Panel(Syntax(body, lexer, word_wrap=True, theme="ansi_dark"), title="exact content")
+
+def body_rows(body: str, kind: str, width: int) -> list[tuple[str, str, str]]:
+    """The exact content as (gutter, text, style) rows no wider than `width` cells: each
+    line neutralised, tabs shown, cut into as many rows as it needs (never cropped)."""
+    shown = neutralize(body, keep_newlines=True)
+    lines = shown.split("\n")
+    if len(lines) > 1 and shown.endswith("\n"):
+        lines.pop()
+    room = max(8, width - cell_len(FIRST))
+    rows = []
+    for line in lines:
+        style = (
+            _STYLES.get(line[:1], "")
+            if kind == "diff" and not line.startswith(("+++", "---"))
+            else ""
         )
+        for i, piece in enumerate(chop_cells(line.replace("\t", TAB), room) or [""]):
+            rows.append((FIRST if i == 0 else MORE, piece, style))
+    return rows
+
+
+def _print_body(what: dict[str, Any]) -> None:
+    """The exact content (diff, JSON, text), every character of it, wrapped to fit."""
+    from rich.text import Text
+
+    if not what["body"]:
+        return
+    out.print(
+        f"[bold]EXACT CONTENT[/] [dim]({MORE.strip()} continues a line; {TAB.strip()} is a tab)[/]"
+    )
+    for gutter, piece, style in body_rows(what["body"], what["body_kind"], out.width):
+        row = Text(gutter, style="dim")
+        row.append(piece, style=style)
+        out.print(row, soft_wrap=False, no_wrap=True, crop=False, overflow="ignore")
 
 
 def _print_decisions(c: dict[str, Any]) -> None:

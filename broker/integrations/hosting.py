@@ -106,7 +106,7 @@ def _own_broker(config: Config, paths: sandbox.SandboxPaths) -> Served:
 
     registry = default_registry()
     registry.check_config(config.integrations, config.base_dir)
-    policy = load_policy(config.policy_path, registry.reversibility())
+    policy = load_policy(config.policy_path, registry.reversibility(), registry.schemas())
     broker = Broker(config, registry, policy)
     broker.add(from_layout(config.sandboxes_dir, paths.sandbox_id))
     attach_notifier(broker, config)

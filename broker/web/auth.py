@@ -8,7 +8,8 @@ only as its sha256; browser sessions; CSRF tokens for form posts.
 The API takes `Authorization: Bearer <token>`. The browser signs in with the token
 once and then carries a session cookie (HttpOnly, SameSite=Strict); every form it
 posts carries the session's CSRF token. The name recorded on a decision is always the
-authenticated approver's, never one the client sends.
+authenticated approver's (its table's name, normalised by broker.identity), never one
+the client sends.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from broker.errors import ConfigError
+from broker.errors import ConfigError, DecisionError
+from broker.identity import approver_name
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -73,6 +75,7 @@ def load_approvers(table: Mapping[str, Any]) -> dict[str, str]:
             raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown key")
         if "token_sha256" not in entry and "slack_user" in entry:
             continue
+        person = _person(name, where, digests)
         digest = entry.get("token_sha256")
         if not isinstance(digest, str) or not _SHA256.fullmatch(digest.lower()):
             raise ConfigError(
@@ -84,8 +87,23 @@ def load_approvers(table: Mapping[str, Any]) -> dict[str, str]:
                     f"{where}.token_sha256: the same token as approvers.{other}; "
                     "each person needs their own"
                 )
-        digests[name] = digest.lower()
+        digests[person] = digest.lower()
     return digests
+
+
+def _person(name: str, where: str, known: Mapping[str, str]) -> str:
+    """The approver's normalised name (broker.identity): what decisions record and a
+    quorum counts; two tables naming one person are refused."""
+    try:
+        person = approver_name(name)
+    except DecisionError as exc:
+        raise ConfigError(f"[{where}]: {exc}") from exc
+    if person in known:
+        raise ConfigError(
+            f"[{where}]: the same person as another [approvers] table ({person}); "
+            "names are compared trimmed and case-folded"
+        )
+    return person
 
 
 @dataclass(frozen=True)

@@ -33,18 +33,21 @@ log = logging.getLogger("broker.web")
 
 
 def parse_listen(text: str) -> tuple[str, int]:
-    """'127.0.0.1:8700', '[::1]:8700' or 'localhost:8700' → (host, port)."""
+    """'127.0.0.1:8700', '[::1]:8700' or 'localhost:8700' → (host, port). `localhost` is
+    taken to mean 127.0.0.1 and never resolved: /etc/hosts (or DNS) could name another
+    address, and the loopback check must hold for the address actually bound."""
     host, sep, port = text.strip().rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(f"--listen {text!r}: expected HOST:PORT, e.g. 127.0.0.1:8700")
+    if host.lower() == "localhost":
+        host = "127.0.0.1"
     return host, int(port)
 
 
 def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
+    """Whether `host` is a loopback address, read as written (a name is never resolved)."""
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:

@@ -7,6 +7,7 @@ import re
 from email.headerregistry import Address
 
 from broker.errors import InvalidParams
+from effects.email.headers import check_header_text
 
 _LOCAL = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*"
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -28,6 +29,7 @@ def parse_mailbox(text: str, where: str) -> Address:
             f"{text!r} is not an address like jane@example.com or 'Jane Doe <jane@example.com>'",
             "bad_address",
         )
+    check_header_text(name, where, "the display name")
     local, domain = match.group("local"), match.group("domain")
     try:
         return Address(display_name=name, username=local, domain=domain.lower())

@@ -3,7 +3,6 @@ headers (a `Message-ID` stable for one request), the text and HTML parts."""
 
 from __future__ import annotations
 
-import email.policy
 import hashlib
 from dataclasses import dataclass
 from datetime import datetime
@@ -15,6 +14,7 @@ from broker.errors import InvalidParams
 from broker.typing import Params
 from effects.base import Context
 from effects.email.addresses import parse_mailbox
+from effects.email.headers import STRICT_SMTP, check_header_text
 from effects.email.settings import EmailSettings
 
 
@@ -33,9 +33,11 @@ class Envelope:
 
 
 def envelope(params: Params, settings: EmailSettings) -> Envelope:
-    """Parse every address; refuse a domain the host does not allow."""
+    """Parse every address; refuse a domain the host does not allow, and header text
+    that could fold a line of its own into the headers."""
     if "text" not in params and "html" not in params:
         raise InvalidParams("/params/text", "give text, html or both", "no_body")
+    check_header_text(params["subject"], "/params/subject", "the subject")
     roles: dict[str, tuple[Address, ...]] = {}
     for role in ("to", "cc", "bcc"):
         found = []
@@ -77,7 +79,7 @@ def build_message(
     params: Params, settings: EmailSettings, env: Envelope, ctx: Context, when: datetime
 ) -> EmailMessage:
     """The message exactly as it is sent (Bcc goes in the envelope only)."""
-    msg = EmailMessage(policy=email.policy.SMTP)
+    msg = EmailMessage(policy=STRICT_SMTP)
     msg["From"] = settings.sender
     msg["To"] = env.to
     if env.cc:

@@ -31,6 +31,10 @@ class GitHubHandler(Handler):
     def check_config(self, settings: Mapping[str, Any]) -> None:
         check_settings(settings)
 
+    def canonical(self, params: Params, ctx: Context) -> Params:
+        """GitHub names repositories case-insensitively: `owner/name` in lower case."""
+        return {**params, "repo": params["repo"].lower()}
+
     def check(self, params: Params, ctx: Context) -> None:
         self._allowed(params["repo"], ctx)
 

@@ -9,6 +9,7 @@ re-checked first at apply: what moved since makes the result `failed`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from fnmatch import fnmatchcase
 from typing import Any
 
 import requests
@@ -18,12 +19,14 @@ from broker.errors import EffectFailed, InvalidParams
 from broker.models import Preview
 from broker.typing import JSON, Params
 from effects.base import Context
+from effects.canonical import branch_name, relative_path
 from effects.github.api import Api, number_of, pick
 from effects.github.changes import TEAM, Change, changes, reviewers
 from effects.github.diffs import compare_diff, files_diff
 from effects.github.errors import translate
 from effects.github.handler import GitHubHandler
 from effects.github.live import Live, conflicts, read_live, recheck
+from effects.github.settings import settings_of
 from effects.github.text import Text, mention_facts, oneline
 
 MAX_DIFF = 1 << 20  # characters of diff shown to the approver
@@ -41,12 +44,28 @@ class PullRequestCreate(GitHubHandler):
         "for `files` (if nobody moved it); notifications and CI runs it started stay"
     )
 
+    assess_inline = True  # protected_for reads params and settings only
+
+    def canonical(self, params: Params, ctx: Context) -> Params:
+        """The repo in lower case, plain branch names, each file's path in its one form."""
+        params = super().canonical(params, ctx)
+        for key in ("base", "head"):
+            branch_name(params[key], f"/params/{key}")
+        if not params.get("files"):
+            return params
+        files = [
+            {**item, "path": relative_path(item["path"], f"/params/files/{i}/path")}
+            for i, item in enumerate(params["files"])
+        ]
+        return {**params, "files": files}
+
+    def protected_for(self, params: Params, ctx: Context) -> Sequence[str]:
+        """The `files` paths under [integrations.github] protected_paths."""
+        globs = settings_of(ctx).protected_paths
+        return [c.path for c in changes(params) if any(fnmatchcase(c.path, g) for g in globs)]
+
     def check(self, params: Params, ctx: Context) -> None:
         super().check(params, ctx)
-        for key in ("base", "head"):
-            name = params[key]
-            if ".." in name or name.endswith((".lock", "/", ".")) or "//" in name:
-                raise InvalidParams(f"/params/{key}", f"{name!r} is not a valid branch name")
         if params["head"] == params["base"]:
             raise InvalidParams("/params/head", "head and base are the same branch")
         changes(params)
@@ -73,6 +92,9 @@ class PullRequestCreate(GitHubHandler):
             found = conflicts(api, params, live, changed)
         ctx.remember(live.seen())
         lines = _facts(params, live, bool(changed), facts, found, existing)
+        touched = self.protected_for(params, ctx)
+        if touched:
+            lines.append(("PROTECTED PATHS", ", ".join(touched)))
         if changed:
             lines.append(("commit message", oneline(message)))
         lines += mention_facts(text)

@@ -34,6 +34,7 @@ CONFIG_KEYS = frozenset(
         "private_key_env",
         "private_key_file",
         "installation_id",
+        "protected_paths",
     }
 )
 APP_TOKEN_CALL = ("POST", "/app/installations/{installation_id}/access_tokens")
@@ -49,6 +50,7 @@ class GitHubSettings:
     repos: tuple[str, ...]
     allow_mentions: bool
     timeout: int
+    protected_paths: tuple[str, ...] = ()
 
 
 def check_settings(settings: Mapping[str, Any]) -> GitHubSettings:
@@ -81,8 +83,11 @@ def check_settings(settings: Mapping[str, Any]) -> GitHubSettings:
     timeout = settings.get("timeout", DEFAULT_TIMEOUT_S)
     if not isinstance(timeout, int) or isinstance(timeout, bool) or not 0 < timeout <= 600:
         raise ConfigError(f"{where}.timeout: expected whole seconds between 1 and 600")
+    protected = settings.get("protected_paths", [])
+    if not isinstance(protected, list) or not all(isinstance(g, str) and g for g in protected):
+        raise ConfigError(f"{where}.protected_paths: must be a list of globs")
     _check_credentials(settings, where)
-    return GitHubSettings(base_url.rstrip("/"), tuple(repos), mentions, timeout)
+    return GitHubSettings(base_url.rstrip("/"), tuple(repos), mentions, timeout, tuple(protected))
 
 
 def _check_credentials(settings: Mapping[str, Any], where: str) -> None:

@@ -29,8 +29,8 @@ Modules, one per concern:
 
 from __future__ import annotations
 
-from effects.http.calls import FRAMING_HEADERS, Call, build_call
-from effects.http.handler import SAFE_METHODS, HttpRequest
+from effects.http.calls import FRAMING_HEADERS, SAFE_METHODS, Call, build_call
+from effects.http.handler import HttpRequest
 from effects.http.settings import Destination, HttpSettings, settings_from
 
 __all__ = [

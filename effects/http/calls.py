@@ -4,7 +4,6 @@ settings; InvalidParams says what to fix."""
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 
 import httpx
@@ -13,6 +12,7 @@ from broker.errors import InvalidParams
 from broker.typing import Params
 from effects.http.settings import Destination, HttpSettings
 from effects.netguard import IPNetwork, parse_url, same_origin
+from effects.netguard.urls import ENCODED_SEPARATORS
 
 # the broker frames the message itself; an agent setting these could smuggle requests
 FRAMING_HEADERS = frozenset(
@@ -30,8 +30,7 @@ FRAMING_HEADERS = frozenset(
         "proxy-connection",
     }
 )
-# a server may decode these and climb above the destination's base path
-ENCODED_SEPARATORS = re.compile(r"%(2e|2f|5c)", re.IGNORECASE)
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 @dataclass(frozen=True)
@@ -116,6 +115,13 @@ def build_call(params: Params, settings: HttpSettings) -> Call:
         headers.append((name, value))
     if "json" in params and "body" in params:
         raise InvalidParams("/params/body", "send json or body, not both", "json_or_body")
+    if params["method"] in SAFE_METHODS and ("json" in params or "body" in params):
+        raise InvalidParams(
+            "/params/json" if "json" in params else "/params/body",
+            f"a {params['method']} request carries no body (it must change nothing and send "
+            "nothing out); use POST, PUT or PATCH to send data",
+            "body_on_safe_method",
+        )
     given = {name.lower() for name, _ in headers}
     content: bytes | None = None
     if "json" in params:

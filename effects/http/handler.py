@@ -12,10 +12,11 @@ import httpcore
 import httpx
 
 from broker.errors import ConfigError, EffectFailed, InvalidParams
+from broker.masking import Masker
 from broker.models import Preview
 from broker.typing import JSON, Params
 from effects.base import Context, Handler
-from effects.http.calls import Call, build_call
+from effects.http.calls import SAFE_METHODS, Call, build_call
 from effects.http.responses import output
 from effects.http.settings import HttpSettings, settings_from
 from effects.netguard import (
@@ -33,8 +34,7 @@ from effects.netguard import (
     same_origin,
     system_resolver,
 )
-
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+from effects.netguard.urls import canonical_path, canonical_url
 
 
 class HttpRequest(Handler):
@@ -43,10 +43,10 @@ class HttpRequest(Handler):
     name = "http.request"
     reversible = False
     idempotent = False
-    assess_inline = True  # reversible_for reads the method
+    assess_inline = True  # reversible_for reads the method and the destination
     undo = (
         "the broker cannot take back a request that changed something; GET, HEAD and "
-        "OPTIONS change nothing and need no undo"
+        "OPTIONS to a destination the host names change nothing and need no undo"
     )
     config_keys: ClassVar[frozenset[str]] = frozenset(
         {
@@ -85,8 +85,19 @@ class HttpRequest(Handler):
         call = build_call(params, settings)
         check_literal(call.url, settings.allow + call.allow)
 
+    def canonical(self, params: Params, ctx: Context) -> Params:
+        """The URL (or the destination's path) in its one form, as rules match it."""
+        out = dict(params)
+        if isinstance(params.get("url"), str):
+            out["url"] = canonical_url(params["url"])
+        if isinstance(params.get("path"), str):
+            out["path"] = canonical_path(params["path"], "/params/path")
+        return out
+
     def reversible_for(self, params: Params, ctx: Context) -> bool:
-        return params.get("method") in SAFE_METHODS
+        """A safe method to a destination the host names changes nothing; a URL from
+        the request could carry data out in its path or query, so people see it."""
+        return params.get("method") in SAFE_METHODS and "destination" in params
 
     def _guard(self, settings: HttpSettings, call: Call) -> NetGuard:
         return NetGuard(settings.allow + call.allow, self.resolver)
@@ -200,5 +211,7 @@ class HttpRequest(Handler):
             ):
                 method = "GET"
             hops.append(str(url))
-        reply = read_capped(response, settings.max_bytes, deadline)
-        return output(reply, url, hops, call.secrets)
+        masker = Masker(call.secrets)
+        # read past the cap by the longest secret form: mask first, then cut
+        reply = read_capped(response, settings.max_bytes + masker.longest, deadline)
+        return output(reply, url, hops, masker, settings.max_bytes)

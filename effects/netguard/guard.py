@@ -15,6 +15,7 @@ import httpcore
 import httpx
 
 from broker.errors import ConfigError
+from broker.masking import quiet_http_libraries
 from effects.netguard.addresses import (
     IPAddress,
     IPNetwork,
@@ -152,6 +153,7 @@ def tls_context(ca_file: str | None = None) -> ssl.SSLContext:
 def client(transport: httpx.BaseTransport) -> httpx.Client:
     """A client that sends only what the handler says: no env proxies, no .netrc, no
     cookies kept, no redirects followed behind the handler's back."""
+    quiet_http_libraries()  # httpx would log every URL, a secret webhook's too, at INFO
     return httpx.Client(
         transport=transport,
         trust_env=False,

@@ -9,12 +9,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.errors import ConfigError
+from broker.masking import MASK as MASK
+from broker.masking import Masker
 from effects.base import Settings
 
 Secret = Callable[[str], str | None]
 """A settings key -> the secret behind it (`ctx.secret`, or `Settings.secret` at start)."""
 
-MASK = "•••"
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
@@ -91,14 +92,11 @@ def _check_header(name: Any, value: Any, where: str) -> None:
 
 
 def scrub(text: str, secrets: Iterable[str]) -> str:
-    """`text` with every secret (longest first) replaced by •••."""
-    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
-        text = text.replace(secret, MASK)
-    return text
+    """`text` with every secret masked in every form it can be echoed in (raw, base64,
+    URL-encoded, a prefix cut off at the end: broker.masking)."""
+    return Masker(secrets).text(text)
 
 
 def scrub_bytes(data: bytes, secrets: Iterable[str]) -> bytes:
-    """`data` with every secret's UTF-8 bytes (longest first) replaced by •••."""
-    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
-        data = data.replace(secret.encode("utf-8"), MASK.encode("utf-8"))
-    return data
+    """The same for bytes."""
+    return Masker(secrets).bytes(data)

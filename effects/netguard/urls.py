@@ -87,3 +87,49 @@ def check_literal(url: httpx.URL, allow: Iterable[IPNetwork], where: str = "/par
             "the host's configuration allows that network (allow_networks)",
             "refused_address",
         )
+
+
+# %XX of an unreserved character (RFC 3986 2.3): the same URL either way, so decoded
+_UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_~")
+_PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
+# a server may decode these and climb above a path or step around a rule
+ENCODED_SEPARATORS = re.compile(r"%(2e|2f|5c)", re.IGNORECASE)
+
+
+def canonical_path(path: str, where: str) -> str:
+    """A URL path in its one form: `//` and `.` segments dropped, unreserved `%XX`
+    decoded and the rest upper-cased; an encoded '.', '/' or '\\' is refused."""
+    if ENCODED_SEPARATORS.search(path):
+        raise InvalidParams(
+            where,
+            "the path holds an encoded '.', '/' or '\\' (%2e, %2f, %5c), which a server may "
+            "read as a path step; write the path plainly",
+            "bad_path",
+        )
+
+    def one(match: re.Match[str]) -> str:
+        char = chr(int(match.group(1), 16))
+        return char if char in _UNRESERVED else f"%{match.group(1).upper()}"
+
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    tail = "/" if path.endswith(("/", "/.")) and parts else ""
+    return _PERCENT.sub(one, "/" + "/".join(parts) + tail)
+
+
+def canonical_url(text: str, where: str = "/params/url") -> str:
+    """An http(s) URL in its one form, as policy rules match it and the preview shows
+    it: scheme and host in lower case (IDNA for a Unicode host, no trailing dot), no
+    default port, dot segments resolved, `canonical_path`, no fragment (never sent)."""
+    url = parse_url(text, where)
+    if ENCODED_SEPARATORS.search(text.split("?", 1)[0].split("#", 1)[0]):
+        canonical_path("%2e", where)  # refused, with the same sentence
+    host = url.raw_host.decode("ascii").rstrip(".").lower()
+    if ":" in host:
+        host = f"[{host}]"
+    port = "" if url.port in (None, default_port(url.copy_with(port=None))) else f":{url.port}"
+    path, _, query = url.raw_path.decode("ascii").partition("?")
+    shown = f"{url.scheme}://{host}{port}{canonical_path(path, where)}"
+    if query:
+        shown += f"?{query}"
+    parse_url(shown, where)
+    return shown

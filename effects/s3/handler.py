@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +14,7 @@ from effects.base import Context, Handler
 from effects.s3.clients import clients, endpoint
 from effects.s3.errors import Op, edge
 from effects.s3.seen import Seen, remember
-from effects.s3.settings import CONFIG_KEYS, check_settings, check_target
+from effects.s3.settings import CONFIG_KEYS, check_settings, check_target, protected
 from effects.s3.state import State, read_state
 
 
@@ -44,6 +44,10 @@ class ObjectEffect(Handler):
             raise InvalidParams(
                 "/params/if_none_match", "give if_match or if_none_match, not both", "conflict"
             )
+
+    def protected_for(self, params: Params, ctx: Context) -> Sequence[str]:
+        """The written (or deleted) `bucket/key` if protected_keys names it."""
+        return protected(ctx.settings, params["bucket"], params["key"])
 
     def reversible_for(self, params: Params, ctx: Context) -> bool:
         try:

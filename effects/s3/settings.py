@@ -7,17 +7,19 @@ import re
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import Any
 
 from broker.errors import ConfigError, InvalidParams
 from effects.base import Settings
+from effects.canonical import nfc
 
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 SECRETS = ("access_key_id", "secret_access_key", "session_token")
 """The credentials, each a `<name>_env` or `<name>_file` reference."""
 _STYLES = ("auto", "path", "virtual")
 CONFIG_KEYS = frozenset(
-    {"allow", "endpoint_url", "region", "addressing_style"}
+    {"allow", "endpoint_url", "region", "addressing_style", "protected_keys"}
     | {f"{s}_{how}" for s in SECRETS for how in ("env", "file")}
 )
 
@@ -72,6 +74,14 @@ def check_settings(settings: Mapping[str, Any]) -> None:
         raise ConfigError('integrations.s3.allow: must be a list like ["agent-scratch/*"]')
     for i, entry in enumerate(allow):
         Grant.parse(entry, f"integrations.s3.allow[{i}]")
+    protected = settings.get("protected_keys", [])
+    if not isinstance(protected, list) or not all(
+        isinstance(g, str) and "/" in g for g in protected
+    ):
+        raise ConfigError(
+            'integrations.s3.protected_keys: must be a list of "bucket/key" globs, '
+            'e.g. ["agent-scratch/config/*"]'
+        )
     endpoint = settings.get("endpoint_url")
     if endpoint is not None and (
         not isinstance(endpoint, str) or not endpoint.startswith(("http://", "https://"))
@@ -98,10 +108,23 @@ def _grants(settings: Mapping[str, Any]) -> list[Grant]:
     ]
 
 
+def protected(settings: Mapping[str, Any], bucket: str, key: str) -> list[str]:
+    """`bucket/key` if [integrations.s3] protected_keys names it."""
+    name = f"{bucket}/{key}"
+    globs = settings.get("protected_keys") or []
+    return [name] if any(fnmatchcase(name, g) for g in globs) else []
+
+
 def check_key(key: str, pointer: str) -> None:
-    """Refuse keys that some tool on the way could read as a path or a control sequence."""
+    """Refuse keys that some tool on the way could read as a path or a control sequence,
+    or that have two spellings (`a//b`, text not in NFC)."""
     if any(unicodedata.category(c) == "Cc" for c in key):
         raise InvalidParams(pointer, "the key holds control characters", "bad_key")
+    nfc(key, pointer, "the key")
+    if "//" in key:
+        raise InvalidParams(
+            pointer, "the key holds an empty segment ('//'); write it with single '/'", "bad_key"
+        )
     if key.startswith("/"):
         raise InvalidParams(pointer, "the key must not start with '/'", "bad_key")
     if any(part in (".", "..") for part in key.split("/")):

@@ -171,16 +171,25 @@ def test_protected_branch_is_refused_at_check(world: World) -> None:
             handler.check(params(branch=branch), world.ctx(world.bundle("main")))
 
 
-def test_protected_path_is_refused_unless_declared(world: World) -> None:
-    """A change to .github/workflows/ is refused; with touch_protected it goes through."""
+def test_protected_path_needs_acknowledgement_and_assessment(world: World) -> None:
+    """A change to .github/workflows/ is refused without touch_protected (when assessed and
+    at apply); acknowledged, the assessment reports the protected path (so the policy makes
+    a person approve), and apply pushes only a change whose protected paths were assessed."""
     world.commit(".github/workflows/ci.yml", "on: push\n", "ci")
     ctx = world.ctx(world.bundle())
+    with pytest.raises(InvalidParams, match="protected paths"):
+        GitPush().protected_for(params(), ctx)
     with pytest.raises(InvalidParams, match="protected paths"):
         GitPush().apply(params(), ctx)
     assert world.head("agent/fix") is None
     preview = GitPush().preview(params(), ctx)
     assert dict(preview.facts)["PROTECTED PATHS"] == ".github/workflows/ci.yml"
-    assert GitPush().apply(params(touch_protected=True), ctx)["pushed"] is True
+    with pytest.raises(EffectFailed, match="assessment did not see"):
+        GitPush().apply(params(touch_protected=True), ctx)
+    assert world.head("agent/fix") is None
+    acknowledged = params(touch_protected=True)
+    assert GitPush().protected_for(acknowledged, ctx) == [".github/workflows/ci.yml"]
+    assert GitPush().apply(acknowledged, ctx)["pushed"] is True
 
 
 def test_corrupt_bundle_is_refused(world: World, tmp_path: Path) -> None:

@@ -404,14 +404,18 @@ def test_preview_names_a_refused_address(
 
 
 def test_flags_and_per_request_reversibility(make_ctx: MakeContext) -> None:
-    """The class is honest (not reversible, not idempotent); a GET is reversible, a POST not."""
+    """The class is honest (not reversible, not idempotent); a GET or HEAD to a named
+    destination is reversible; one to a raw URL (which could carry data out) and a POST
+    are not."""
     handler = HttpRequest()
     ctx = make_ctx({})
     assert handler.reversible is False and handler.idempotent is False
     assert "cannot take back" in handler.undo
-    assert handler.reversible_for({"method": "GET", "url": "https://x.test/"}, ctx) is True
-    assert handler.reversible_for({"method": "HEAD", "url": "https://x.test/"}, ctx) is True
-    assert handler.reversible_for({"method": "POST", "url": "https://x.test/"}, ctx) is False
+    named = {"destination": "crm", "path": "/x"}
+    assert handler.reversible_for({"method": "GET", **named}, ctx) is True
+    assert handler.reversible_for({"method": "HEAD", **named}, ctx) is True
+    assert handler.reversible_for({"method": "GET", "url": "https://x.test/"}, ctx) is False
+    assert handler.reversible_for({"method": "POST", **named}, ctx) is False
 
 
 def crm(**spec: Any) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -63,13 +64,17 @@ def examples(default: int, long: int) -> int:
 
 
 class Clock:
-    """The pipeline's `now`, moved forward by the test."""
+    """The pipeline's clocks, both moved forward by the test: time passing, which moves
+    the wall clock (`now`, what is stored) and the monotonic one (deadlines) alike."""
 
     def __init__(self) -> None:
         self.offset = timedelta()
 
     def __call__(self) -> datetime:
         return real_now() + self.offset
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.offset.total_seconds()
 
 
 class ErrorLog(logging.Handler):
@@ -158,6 +163,7 @@ def patched_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[Clock]:
     the test moves."""
     clock = Clock()
     monkeypatch.setattr(broker_clock, "now", clock)
+    monkeypatch.setattr(broker_clock, "monotonic", clock.monotonic)
     yield clock
 
 

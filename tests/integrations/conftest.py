@@ -81,7 +81,7 @@ def host(tmp_path: Path) -> Host:
     config = tmp_path / "broker.toml"
     config.write_text(
         '[broker]\nstate_dir = "state"\npolicy = "policy.toml"\nallow_as = true\n'
-        f'[integrations.files]\nroot = "{exports}"\n'
+        f'[integrations.files]\nroot = "{exports}"\nper_sandbox = false\n'
     )
     (tmp_path / "policy.toml").write_text("")
     return Host(tmp_path, config, tmp_path / "state", exports)

@@ -32,7 +32,7 @@ def host(tmp_path: Path, agent_image: str) -> Path:
     config = tmp_path / "broker.toml"
     config.write_text(
         f'[broker]\nstate_dir = "state"\npolicy = "policy.toml"\n'
-        f'[integrations.files]\nroot = "{tmp_path / "exports"}"\n'
+        f'[integrations.files]\nroot = "{tmp_path / "exports"}"\nper_sandbox = false\n'
     )
     return config
 

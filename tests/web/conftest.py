@@ -152,10 +152,12 @@ def served() -> Iterator[tuple[Switch, WebServer]]:
 
 @pytest.fixture
 def exports(tmp_path: Path) -> Path:
-    """An export root for files.write holding notes.txt."""
+    """An export root for files.write holding notes.txt (in the `default` sandbox's own
+    directory, where its requests write)."""
     root = tmp_path / "exports"
-    root.mkdir()
-    (root / "notes.txt").write_text("line one\nline two\nline three\n", encoding="utf-8")
+    (root / "default").mkdir(parents=True)
+    notes = root / "default" / "notes.txt"
+    notes.write_text("line one\nline two\nline three\n", encoding="utf-8")
     return root
 
 

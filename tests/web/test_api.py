@@ -88,7 +88,7 @@ def test_show_returns_one_card_with_a_diff(web: Web) -> None:
     got = web.client().get(f"/api/v1/requests/default/{waiting['id']}").json()
     assert got["what"]["body_kind"] == "diff"
     assert "-line two\n+line 2\n" in got["what"]["body"]
-    assert got["where"].endswith("exports/notes.txt")
+    assert got["where"].endswith("exports/default/notes.txt")
     assert got["why"]["reason"] == FILES_REASON
     assert got["reversible"] is False
 

@@ -49,7 +49,7 @@ def test_approve_and_deny_in_the_browser(page: Any, web: Web) -> None:
         "Your approval is recorded. Nothing else waits for you."
     )
     assert web.harness.wait(first["id"])["status"] == "applied"
-    written = web.harness.base.parent / "exports" / "notes.txt"
+    written = web.harness.base.parent / "exports" / "default" / "notes.txt"
     assert written.read_text(encoding="utf-8") == params["content"]
 
     page.goto(f"{web.url}/")

@@ -22,11 +22,11 @@ def config(tmp_path: Path, **web: object) -> Config:
     [
         ("127.0.0.1:8700", ("127.0.0.1", 8700)),
         ("[::1]:8700", ("::1", 8700)),
-        ("localhost:0", ("localhost", 0)),
+        ("localhost:0", ("127.0.0.1", 0)),
     ],
 )
 def test_listen_addresses_parse(text: str, expected: tuple[str, int]) -> None:
-    """--listen takes HOST:PORT, with IPv6 hosts in brackets."""
+    """--listen takes HOST:PORT, with IPv6 hosts in brackets; localhost is 127.0.0.1."""
     assert parse_listen(text) == expected
 
 
