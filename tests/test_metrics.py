@@ -71,7 +71,8 @@ def test_requests_outcomes_waits_and_errors_are_scraped(
     site.result(denied, "pending")
     site.cli("approve", f"sb1/{approved}", "--yes")
     site.cli("deny", f"sb1/{denied}", "--reason", "not there")
-    (site.exports / "taken.txt").write_text("old")
+    (site.exports / "sb1").mkdir(exist_ok=True)  # files.write writes below root/<sandbox>/
+    (site.exports / "sb1" / "taken.txt").write_text("old")
     site.request("files.write", path="taken.txt", content="new")
     site.request("files.writ", path="x")  # unknown: never a label of its own
 

@@ -53,7 +53,9 @@ def test_outcomes_decided_elsewhere_and_failures_are_logged(site: Site, serving:
     denied = line(serving, "denied", f"sb1/{gated}")
     assert "write under notes/ instead" in denied
 
-    (site.exports / "taken.txt").write_text("old")
+    (site.exports / "sb1").mkdir(exist_ok=True)  # files.write writes below root/<sandbox>/
+
+    (site.exports / "sb1" / "taken.txt").write_text("old")
     failed = site.request("files.write", path="taken.txt", content="new")
     failure = line(serving, f"sb1/{failed}", "failed")
     assert "WARNING" in failure and "exists" in failure

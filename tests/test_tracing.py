@@ -107,7 +107,8 @@ def test_each_request_is_a_trace_of_its_stages(
         site.result(denied, "pending")
         site.cli("approve", f"sb1/{approved}", "--yes", "--reason", "fine")
         site.cli("deny", f"sb1/{denied}", "--reason", "not there")
-        (site.exports / "taken.txt").write_text("old")
+        (site.exports / "sb1").mkdir(exist_ok=True)  # files.write writes below root/<sandbox>/
+        (site.exports / "sb1" / "taken.txt").write_text("old")
         failed = site.request("files.write", path="taken.txt", content="new")
         invalid = site.request("files.write", path="x")  # no content: schema says no
         for rid in (auto, approved, denied, failed, invalid):
