@@ -18,12 +18,12 @@ from broker.context import Memo, context_for
 from broker.errors import Denied, EffectFailed, Issue, Outcome, Rejected
 from broker.events import Assessed
 from broker.intake import Read
-from broker.ledger import Ledger
 from broker.lifecycle import Lifecycle
 from broker.models import Record, Request, sha256_hex
 from broker.names import REQUEST_ID
 from broker.policy import Policy
 from broker.registry import Effect, Registry
+from broker.store.base import Store
 from broker.typing import Params
 from broker.validation import Validator
 from effects.base import Context
@@ -55,7 +55,7 @@ class Admission:
         self.policy = policy
         self.validator = validator
         self.lifecycle = lifecycle
-        self.ledger: Ledger = lifecycle.ledger
+        self.ledger: Store = lifecycle.ledger
         self.held: Counter[str] = Counter()  # per sandbox: held for a preview
         self._counted: set[tuple[str, str]] = set()
         self.bad_reuse = Reuses()

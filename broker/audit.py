@@ -12,14 +12,14 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from broker.errors import AuditError
-from broker.ledger import Ledger, Record
-from broker.models import canonical, sha256_hex
+from broker.models import Record, canonical, sha256_hex
+from broker.store.base import Store
 
 GENESIS = "0" * 64
 
@@ -42,6 +42,16 @@ def event(kind: str, record: Record, at: str | None = None, **extra: Any) -> dic
 
 def line_hash(entry: dict[str, Any]) -> str:
     return sha256_hex(canonical({k: v for k, v in entry.items() if k != "hash"}))
+
+
+def chain(events: Sequence[tuple[int, dict[str, Any]]], head: str) -> tuple[list[bytes], str]:
+    """Chain `events` ((seq, event), in order) after `head`: their lines and the new head."""
+    lines: list[bytes] = []
+    for seq, event in events:
+        entry = {"seq": seq, **event, "prev": head}
+        entry["hash"] = head = line_hash(entry)
+        lines.append(canonical(entry))
+    return lines, head
 
 
 @dataclass(frozen=True)
@@ -120,17 +130,24 @@ class AuditLog:
             os.close(fd)
 
     def _append(self, events: list[tuple[int, dict[str, Any]]], sync: bool) -> int:
-        lines: list[bytes] = []
-        head, last = self.head, self.last_seq
-        for seq, event in events:
-            if seq <= last:
-                continue  # already appended before a crash
-            entry = {"seq": seq, **event, "prev": head}
-            entry["hash"] = head = line_hash(entry)
-            lines.append(canonical(entry) + b"\n")
-            last = seq
-        if not lines:
+        fresh = [(seq, e) for seq, e in events if seq > self.last_seq]  # not before a crash
+        if not fresh:
             return self.last_seq
+        lines, head = chain(fresh, self.head)
+        return self._write([line + b"\n" for line in lines], sync, fresh[-1][0], head)
+
+    def append_lines(self, lines: Iterable[tuple[int, str]], *, sync: bool = False) -> int:
+        """Copy lines chained elsewhere (a shared store's chain), skipping those held."""
+        with self._locked():
+            self.last_seq, self.head = self._recover_tail()
+            fresh = [(seq, line) for seq, line in lines if seq > self.last_seq]
+            if not fresh:
+                return self.last_seq
+            last = json.loads(fresh[-1][1])
+            data = [line.encode("utf-8") + b"\n" for _, line in fresh]
+            return self._write(data, sync, int(last["seq"]), str(last["hash"]))
+
+    def _write(self, lines: list[bytes], sync: bool, last: int, head: str) -> int:
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
@@ -170,7 +187,7 @@ class AuditWriter:
     they are appended again at start. `durable` is what the next transaction may
     drop from the queue."""
 
-    def __init__(self, ledger: Ledger, log: AuditLog, sync_every_s: float = 1.0) -> None:
+    def __init__(self, ledger: Store, log: AuditLog, sync_every_s: float = 1.0) -> None:
         self.ledger = ledger
         self.log = log
         self.sync_every_s = sync_every_s
@@ -198,7 +215,7 @@ class AuditWriter:
         return durable
 
 
-def flush(ledger: Ledger, log: AuditLog) -> None:
+def flush(ledger: Store, log: AuditLog) -> None:
     """Append the ledger's queued events to the log and forget them (for CLI surfaces)."""
     backlog = ledger.audit_backlog()
     if backlog:
@@ -212,14 +229,18 @@ def read_events(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, str]]:
     if not path.exists():
         return
     with path.open("r", encoding="utf-8", errors="replace") as f:
-        for number, raw in enumerate(f, 1):
-            text = raw.rstrip("\n")
-            try:
-                value = json.loads(text)
-            except ValueError:
-                yield number, None, text
-                continue
-            yield number, value if isinstance(value, dict) else None, text
+        yield from parse_lines(raw.rstrip("\n") for raw in f)
+
+
+def parse_lines(lines: Iterable[str]) -> Iterator[tuple[int, dict[str, Any] | None, str]]:
+    """(line number, parsed event or None, raw text) for each line of a chain."""
+    for number, text in enumerate(lines, 1):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            yield number, None, text
+            continue
+        yield number, value if isinstance(value, dict) else None, text
 
 
 def verify(path: Path, expected_head: tuple[int, str] | None = None) -> tuple[int, Fault | None]:
@@ -228,8 +249,16 @@ def verify(path: Path, expected_head: tuple[int, str] | None = None) -> tuple[in
     `expected_head` is the (seq, hash) the ledger last saw appended; a log cut short
     before it is reported too.
     """
+    return verify_lines(read_events(path), expected_head)
+
+
+def verify_lines(
+    lines: Iterable[tuple[int, dict[str, Any] | None, str]],
+    expected_head: tuple[int, str] | None = None,
+) -> tuple[int, Fault | None]:
+    """`verify` over (line number, parsed event or None, raw text) from any source."""
     prev, last_seq, count, seen_head = GENESIS, 0, 0, expected_head is None
-    for number, entry, _raw in read_events(path):
+    for number, entry, _raw in lines:
         count = number
         if entry is None:
             return count, Fault(number, "not a JSON object: the line was edited or damaged")

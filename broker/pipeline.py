@@ -40,7 +40,6 @@ from broker.events import (
 from broker.fairness import Backlog
 from broker.faults import fault
 from broker.handover import Handover, has_requests
-from broker.ledger import Ledger
 from broker.lifecycle import Lifecycle
 from broker.marks import StartMarks
 from broker.models import Record
@@ -51,6 +50,8 @@ from broker.policy import Policy
 from broker.redaction import Redactor
 from broker.registry import Registry
 from broker.results import Answers
+from broker.store.base import Store
+from broker.store.factory import open_store
 from broker.validation import Validator
 
 log = logging.getLogger("broker")
@@ -66,13 +67,13 @@ class Broker:
         registry: Registry,
         policy: Policy,
         *,
-        ledger: Ledger | None = None,
+        ledger: Store | None = None,
         workers: int = 4,
     ) -> None:
         self.config = config
         self.registry = registry
         self.policy = policy
-        self.ledger = ledger or Ledger(config.ledger_path)
+        self.ledger = ledger or open_store(config, owner=True)
         self.redact = Redactor(config.secret_values())
         self.lifecycle = Lifecycle(self.ledger, self.redact)
         validator = Validator(registry.schema)  # each effect's compiled when first seen
