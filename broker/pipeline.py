@@ -23,10 +23,11 @@ from broker import catalogue, intake, recovery
 from broker.admission import Admission
 from broker.apply import Workers, call
 from broker.assessing import Assessments
-from broker.audit import AuditLog, AuditWriter
+from broker.audit import AuditLog
 from broker.batch import Batch
 from broker.config import Config
 from broker.deadlines import Deadlines
+from broker.errors import StoreUnavailable
 from broker.events import (
     Applied,
     Assessed,
@@ -34,6 +35,7 @@ from broker.events import (
     DirsChanged,
     Event,
     FileSeen,
+    Reload,
     Rescan,
     Wake,
 )
@@ -44,13 +46,14 @@ from broker.lifecycle import Lifecycle
 from broker.marks import StartMarks
 from broker.models import Record
 from broker.notify import Notifier
+from broker.outage import Kept, Outage
 from broker.outbox import Outbox, Served
 from broker.ownership import ControlServer, StateLock
 from broker.policy import Policy
 from broker.redaction import Redactor
 from broker.registry import Registry
 from broker.results import Answers
-from broker.store.base import Store
+from broker.store.base import Listener, Store
 from broker.store.factory import open_store
 from broker.validation import Validator
 
@@ -79,13 +82,14 @@ class Broker:
         validator = Validator(registry.schema)  # each effect's compiled when first seen
         self.claims = intake.Claims(config.limits, validator, config.state_dir)
         self.admission = Admission(config, registry, policy, validator, self.lifecycle)
-        self.audit = AuditWriter(self.ledger, AuditLog(config.audit_path))
+        self.audit = self.ledger.audit_sink(AuditLog(config.audit_path))
         # published into each results dir; what the handlers declare is kept in the state
         # dir, so a start imports only the handlers it uses
         self.catalogue = catalogue.render(registry, policy, config.state_dir / "effects.cache")
         self.served = Served(
             config.state_dir / "control",
             lambda box: catalogue.publish(box.results_fd, self.catalogue, box.sandbox),
+            host=self.ledger.host,  # with a shared store: HOST.SANDBOX
         )
         self.answers = Answers(self.served)
         self.started = StartMarks(config.state_dir / "started")
@@ -99,7 +103,10 @@ class Broker:
         self.on_change = self.answers.observers
         self.notifier: Notifier | None = None
         self.command = "broker serve"  # what the state lock says owns the state dir
-        self.lock = StateLock(config.state_dir)
+        # with a shared store, also this host's lease in it
+        self.lock = StateLock(config.state_dir, self.ledger.lease(str(config.state_dir)))
+        self.outage = Outage()
+        self._listener: Listener | None = None
         self.handover = Handover(self.served, config.sandboxes_dir)
         self.on_change.append(self.handover.tell)
         self._control_server: ControlServer | None = None
@@ -140,6 +147,8 @@ class Broker:
         # listening from the start: what other processes ask waits on the queue meanwhile
         self._control_server = ControlServer(self.config.state_dir, self.events)
         self._control_server.start()
+        # decisions others commit on this host's requests wake the loop (shared store)
+        self._listener = self.ledger.listen(lambda: self.events.put(Reload()))
         self.recover()
         self.served.watch(self.events)
         # now that every watch is in place: read what is there and reload decisions
@@ -157,7 +166,8 @@ class Broker:
                     self.assessments.seconds_left(),
                 )
                 items = self._take(timeout)
-                items.extend(self.assessments.overdue(self.ledger))
+                items.extend(self._overdue())
+                self.lock.check()  # a lease lost to another broker stops this one
                 if self.served.watcher_died(self.events):
                     items.append(Rescan())
                 if not items:
@@ -179,7 +189,7 @@ class Broker:
         self.rescan()
         while time.monotonic() < end:
             items = self._take(0.05)
-            items.extend(self.assessments.overdue(self.ledger))
+            items.extend(self._overdue())
             self.step(items)
             if (
                 not self._in_flight
@@ -204,6 +214,9 @@ class Broker:
         if self._control_server is not None:
             self._control_server.close()
             self._control_server = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
         self._closing = True  # what is still to apply or assess waits for the next start
         self.assessments.shutdown()
         self._workers.shutdown(wait=True)
@@ -233,9 +246,35 @@ class Broker:
             self.claims.drop_orphans(box, names)
 
     def step(self, items: Iterable[Event]) -> None:
+        work, files, reload = self._sort(items)
+        work.due = self.deadlines.due()
+        if self.outage.active:
+            self.outage.keep(work)  # new files wait in their outboxes meanwhile
+            if not self.outage.over(self.ledger.ping):
+                return
+            work, files, reload = self.outage.take(), {}, True
+            self.answers.written.extend(work.written)
+            self.events.put(Rescan())  # what came meanwhile is found again
+        busy = files or work.claimed or work.done or work.assessed or work.due or reload
+        if not (busy or self.answers.written or self.audit.durable):
+            return
+        work.claimed += [
+            (box, name, self.claims.claim(box, name)) for (_, name), box in files.items()
+        ]
+        batch = Batch()
+        try:
+            self._commit(work, reload, batch)
+        except StoreUnavailable as exc:  # nothing of it is observable: it is done again
+            self.outage.begin(exc, work)
+            return
+        fault("after_commit")
+        self._after_commit(batch)
+
+    def _sort(self, items: Iterable[Event]) -> tuple[Kept, dict[tuple[str, str], Outbox], bool]:
+        """A wake-up's events: the work for its transaction, the files to claim, and
+        whether to reload what others changed."""
+        work = Kept()
         files: dict[tuple[str, str], Outbox] = {}
-        done: list[Applied] = []
-        assessed: list[Assessed] = []
         reload = False
         for item in items:
             if isinstance(item, FileSeen):
@@ -243,40 +282,38 @@ class Broker:
                 if box is not None:
                     files.setdefault((box.sandbox, item.name), box)
             elif isinstance(item, Applied):
-                done.append(item)
+                work.done.append(item)
             elif isinstance(item, Assessed):
                 if self.assessments.accept(item):
-                    assessed.append(item)  # else: given up on at its deadline
+                    work.assessed.append(item)  # else: given up on at its deadline
             elif isinstance(item, DirsChanged):
                 self.served.discover()
                 reload = True
             elif isinstance(item, Rescan):
                 self.rescan()
                 reload = True
+            elif isinstance(item, Reload):
+                reload = True
             elif isinstance(item, Control):
                 self._control(item)
-        due = self.deadlines.due()
-        busy = files or done or assessed or due or reload
-        if not (busy or self.answers.written or self.audit.durable):
-            return
-        batch = Batch()
-        claimed = [(box, name, self.claims.claim(box, name)) for (_, name), box in files.items()]
+        return work, files, reload
+
+    def _commit(self, work: Kept, reload: bool, batch: Batch) -> None:
+        """The wake-up's one transaction (group commit)."""
         with self.ledger.transaction():
-            self._mark_synced()
-            for box, name, where in claimed:
+            work.written = self._mark_synced()
+            for box, name, where in work.claimed:
                 if where is not None:
                     self._intake(box, name, where, batch)
-            for item in done:
+            for item in work.done:
                 self._finish(item, batch)
-            for back in assessed:
+            for back in work.assessed:
                 self._resume(back, batch)
-            for sandbox, request_id in due:
+            for sandbox, request_id in work.due:
                 self._expire(sandbox, request_id, batch)
             if reload:
                 recovery.reload(self.ledger, self.lifecycle, batch)
             fault("before_commit")
-        fault("after_commit")
-        self._after_commit(batch)
 
     def _intake(self, box: Outbox, name: str, where: str, batch: Batch) -> None:
         """Read and admit one claimed file. A bug met by one request must not stop the
@@ -317,13 +354,25 @@ class Broker:
             if not self._closing:
                 self.assessments.submit(record)
 
-    def _mark_synced(self) -> None:
+    def _mark_synced(self) -> list[tuple[str, str, str]]:
         written = self.answers.take_written()
         if written:
             self.ledger.mark_synced(written)
         durable = self.audit.take_durable()
         if durable:
             self.ledger.drop_audit(*durable)
+        return written
+
+    def _overdue(self) -> list[Event]:
+        """Held requests whose work off the loop ran out of time (asked only while the
+        store answers)."""
+        if self.outage.active:
+            return []
+        try:
+            return list(self.assessments.overdue(self.ledger))
+        except StoreUnavailable as exc:
+            self.outage.begin(exc)
+            return []
 
     # -- applying -----------------------------------------------------------------------
 

@@ -14,16 +14,22 @@ import json
 import logging
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from broker import clock
 from broker.audit import AuditLog
 from broker.errors import AuditError, LedgerError
 
-if TYPE_CHECKING:
-    from broker.store.postgres import PostgresStore
-
 log = logging.getLogger("broker.audit")
+
+
+class Chained(Protocol):
+    """What the copy reads from the shared store (postgres.PostgresStore)."""
+
+    host: str | None
+    committed_lines: list[tuple[int, str]]
+
+    def audit_lines_after(self, seq: int) -> list[tuple[int, str]]: ...
 
 
 class AuditCopy:
@@ -31,9 +37,7 @@ class AuditCopy:
 
     durable: tuple[int, str] | None = None  # the store is the durability point
 
-    def __init__(
-        self, store: PostgresStore, audit_log: AuditLog, sync_every_s: float = 1.0
-    ) -> None:
+    def __init__(self, store: Chained, audit_log: AuditLog, sync_every_s: float = 1.0) -> None:
         self.store = store
         self.log = self._checked(audit_log)
         self.sync_every_s = sync_every_s

@@ -16,6 +16,7 @@ Rules both keep:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import fields
@@ -67,6 +68,9 @@ def record_values(record: Record) -> dict[str, Any]:
 
 class Lease(Protocol):
     """A broker's claim on its host id in a shared store, renewed while it lives."""
+
+    lost: threading.Event
+    """Set when another broker took the host id (this one must stop serving)."""
 
     def acquire(self, command: str) -> None:
         """Take the host id or raise StateBusy naming the broker that holds it."""

@@ -12,15 +12,13 @@ import os
 import secrets
 import socket
 import threading
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from broker.errors import StateBusy
-
-if TYPE_CHECKING:
-    from broker.store.postgres import PostgresStore
 
 log = logging.getLogger("broker.lease")
 TTL_S = 15.0
@@ -49,13 +47,13 @@ class PgLease:
 
     def __init__(
         self,
-        store: PostgresStore,
+        fence: Callable[[str | None], None],
         pool: ConnectionPool[psycopg.Connection[Any]],
         host: str,
         state_dir_key: str,
         ttl_s: float = TTL_S,
     ) -> None:
-        self._store = store
+        self._fence = fence  # the store's commits must still hold the token
         self._pool = pool
         self.host = host
         self.holder = f"{socket.gethostname()}:{state_dir_key}"
@@ -78,7 +76,7 @@ class PgLease:
         with self._pool.connection() as conn:
             if conn.execute(_CLAIM, args).fetchone() is None:
                 raise StateBusy(self._refusal(conn))
-        self._store.fence = self.token
+        self._fence(self.token)
         self._thread = threading.Thread(target=self._renew, name="broker-lease", daemon=True)
         self._thread.start()
 
@@ -117,7 +115,7 @@ class PgLease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(RENEW_EVERY_S + 1)
-        self._store.fence = None
+        self._fence(None)
         try:
             with self._pool.connection(timeout=2) as conn:
                 conn.execute(

@@ -498,7 +498,11 @@ class PostgresStore:
         from broker.store.leases import PgLease
 
         assert self.host is not None
-        return PgLease(self, self._pool, self.host, state_dir_key)
+
+        def fence(token: str | None) -> None:
+            self.fence = token
+
+        return PgLease(fence, self._pool, self.host, state_dir_key)
 
     def listen(self, on_change: Callable[[], None]) -> Listener | None:
         from broker.store.listen import PgListener
