@@ -18,6 +18,7 @@ Same contract as the SQLite ledger (base.py), with what sharing needs:
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -50,6 +51,9 @@ CONNECT_TIMEOUT_S = 5.0
 _pools: dict[tuple[str, str | None], ConnectionPool[psycopg.Connection[Any]]] = {}
 _pools_lock = threading.Lock()
 _DECISION_COLS = "sandbox, id, approver, verdict, reason, surface, sha256, at"
+# the pool retries its connections in the background and logs each failure; while the
+# server is away the broker says so itself, once a minute (outage.py)
+logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
 
 
 def pool(url: str, password: str | None) -> ConnectionPool[psycopg.Connection[Any]]:
@@ -62,6 +66,11 @@ def pool(url: str, password: str | None) -> ConnectionPool[psycopg.Connection[An
         kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": int(CONNECT_TIMEOUT_S)}
         if password is not None:
             kwargs["password"] = password
+        try:  # first alone: a server that is not there is one clear line at once
+            with psycopg.connect(url, **kwargs) as conn:
+                pg_schema.ensure(conn)
+        except psycopg.Error as exc:
+            raise error(f"ledger {url}", exc) from exc
         made: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             url, kwargs=kwargs, min_size=1, max_size=16, open=False, name="broker"
         )
@@ -70,8 +79,6 @@ def pool(url: str, password: str | None) -> ConnectionPool[psycopg.Connection[An
         except PoolTimeout as exc:
             made.close()
             raise _unreachable(url, password) from exc
-        with made.connection() as conn:
-            pg_schema.ensure(conn)
         _pools[key] = made
         return made
 
