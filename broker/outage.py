@@ -33,6 +33,7 @@ class Kept:
     assessed: list[Assessed] = field(default_factory=list)
     due: list[Key] = field(default_factory=list)
     written: list[tuple[str, str, str]] = field(default_factory=list)
+    recover: bool = False  # the start's recovery did not commit: it runs again
 
 
 class Outage:
@@ -65,6 +66,7 @@ class Outage:
         self.kept.assessed.extend(work.assessed)
         self.kept.due.extend(work.due)
         self.kept.written.extend(work.written)
+        self.kept.recover |= work.recover
 
     def over(self, ping: Callable[[], bool]) -> bool:
         """Whether the store answers again (asked at most twice a second)."""

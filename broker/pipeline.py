@@ -149,7 +149,7 @@ class Broker:
         self._control_server.start()
         # decisions others commit on this host's requests wake the loop (shared store)
         self._listener = self.ledger.listen(lambda: self.events.put(Reload()))
-        self.recover()
+        self._recover()
         self.served.watch(self.events)
         # now that every watch is in place: read what is there and reload decisions
         # taken while we started (their nudges may have come before the watches)
@@ -254,6 +254,8 @@ class Broker:
                 return
             work, files, reload = self.outage.take(), {}, True
             self.answers.written.extend(work.written)
+            if work.recover and not self._recover(work):
+                return
             self.events.put(Rescan())  # what came meanwhile is found again
         busy = files or work.claimed or work.done or work.assessed or work.due or reload
         if not (busy or self.answers.written or self.audit.durable):
@@ -302,6 +304,12 @@ class Broker:
         """The wake-up's one transaction (group commit)."""
         with self.ledger.transaction():
             work.written = self._mark_synced()
+            self.ledger.prefetch(  # the rows this wake-up reads, at once (a shared store)
+                [(b.sandbox, n.removesuffix(".json")) for b, n, w in work.claimed if w]
+                + [d.key for d in work.done]
+                + [a.key for a in work.assessed]
+                + work.due
+            )
             for box, name, where in work.claimed:
                 if where is not None:
                     self._intake(box, name, where, batch)
@@ -453,6 +461,15 @@ class Broker:
             recovery.deadlines(self.ledger, batch)
             recovery.held(self.ledger, self.admission, batch)
         self._after_commit(batch)
+
+    def _recover(self, work: Kept | None = None) -> bool:
+        """`recover`, or an outage that runs it again once the store answers."""
+        try:
+            self.recover()
+        except StoreUnavailable as exc:
+            self.outage.begin(exc, work or Kept(recover=True))
+            return False
+        return True
 
     def _control(self, item: Control) -> None:
         def rescan(sandbox: str) -> None:

@@ -126,6 +126,10 @@ class Store(Protocol):
 
     def get(self, sandbox: str, request_id: str) -> Record | None: ...
 
+    def prefetch(self, keys: Iterable[tuple[str, str]]) -> None:
+        """A hint inside a transaction: these rows will be read (a round trip saved for
+        each on a networked store; nothing for SQLite)."""
+
     def find(self, ref: str) -> Record:
         """A request by `ID` (unambiguous across sandboxes) or `SANDBOX/ID`."""
 

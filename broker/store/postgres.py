@@ -14,6 +14,10 @@ Same contract as the SQLite ledger (base.py), with what sharing needs:
   broker applies a decision at once (listen.py).
 - A broker's commit checks its lease (leases.py) first: a broker that lost its host id
   to another commits nothing more.
+
+Round trips are what a wake-up on PostgreSQL costs, so: the rows a wake-up will touch
+are read (and locked) in one statement (`prefetch`); a savepoint is sent with the
+statement after it, and one that saw no statement is never sent.
 """
 
 from __future__ import annotations
@@ -115,6 +119,8 @@ class PostgresStore:
         self.fence: str | None = None  # the lease token a broker's commits must still hold
         self.committed_lines: list[tuple[int, str]] = []  # chained by this store, for the copy
         self._lines: list[tuple[int, str]] = []
+        self._pending: list[str] = []  # savepoint statements to send with the next one
+        self._cache: dict[tuple[str, str], Record | None] = {}  # prefetched, this transaction
 
     def close(self) -> None:
         """Nothing of its own to close: connections go back to the process's pool."""
@@ -152,6 +158,8 @@ class PostgresStore:
                 self._conn, self._depth = None, 0
                 self._audit_rows.clear()
                 self._touched.clear()
+                self._pending.clear()
+                self._cache.clear()
             self.committed_lines.extend(self._lines)
 
     @contextmanager
@@ -176,21 +184,31 @@ class PostgresStore:
     @contextmanager
     def savepoint(self) -> Iterator[None]:
         self._saved += 1
-        name = f"s{self._saved}"
-        queued, touched = len(self._audit_rows), set(self._touched)
-        self._exec(f"SAVEPOINT {name}")
+        mark = f"SAVEPOINT s{self._saved}"
+        queued, touched, cache = len(self._audit_rows), set(self._touched), dict(self._cache)
+        self._pending.append(mark)
         try:
             yield
         except BaseException:
             del self._audit_rows[queued:]
-            self._touched = touched
-            self._exec(f"ROLLBACK TO SAVEPOINT {name}")
-            self._exec(f"RELEASE SAVEPOINT {name}")
+            self._touched, self._cache = touched, cache
+            if not self._unsent(mark):  # else nothing of it reached the server
+                self._exec(f"ROLLBACK TO {mark}")
+                self._exec(f"RELEASE {mark}")
             raise
-        self._exec(f"RELEASE SAVEPOINT {name}")
+        if not self._unsent(mark):
+            self._pending.append(f"RELEASE {mark}")
+
+    def _unsent(self, mark: str) -> bool:
+        """Drop `mark` if it is still waiting to be sent (nothing ran since)."""
+        if self._pending and self._pending[-1] == mark:
+            self._pending.pop()
+            return True
+        return False
 
     def _before_commit(self, conn: psycopg.Connection[Any]) -> None:
         """The fence, the audit chain, the notifications: last in every transaction."""
+        self._pending.clear()  # releases only: the commit releases every savepoint
         self._lines = []
         if self.fence is not None:
             row = self._run(
@@ -254,9 +272,17 @@ class PostgresStore:
         self, conn: psycopg.Connection[Any], sql: str, args: Iterable[Any]
     ) -> list[dict[str, Any]]:
         try:
-            with conn.cursor(row_factory=dict_row) as cur:
-                cur.execute(sql, tuple(args))
-                return cur.fetchall() if cur.description else []
+            if not self._pending or conn is not self._conn:
+                with conn.cursor(row_factory=dict_row) as cur:
+                    cur.execute(sql, tuple(args))
+                    return cur.fetchall() if cur.description else []
+            # the savepoints waiting to be sent go first, in the same round trip
+            prefix, self._pending = "; ".join(self._pending), []
+            with psycopg.ClientCursor(conn, row_factory=dict_row) as client:
+                client.execute(f"{prefix}; {sql}", tuple(args))
+                while client.nextset():
+                    pass
+                return client.fetchall() if client.description else []
         except psycopg.Error as exc:
             raise error("ledger", exc) from exc
 
@@ -265,6 +291,8 @@ class PostgresStore:
             return
         with self.transaction():
             assert self._conn is not None
+            if self._pending:
+                self._exec("SELECT 1")  # sends the savepoints first
             try:
                 with self._conn.cursor() as cur:
                     cur.executemany(sql, rows)
@@ -293,6 +321,7 @@ class PostgresStore:
                 f"INSERT INTO requests ({cols}) VALUES ({marks}) RETURNING seq", data.values()
             )
             self._touch(record.sandbox)
+            self._cache.pop(record.key, None)
         return record.evolve(seq=int(rows[0]["seq"]))
 
     def update(self, record: Record, **changes: Any) -> Record:
@@ -307,9 +336,27 @@ class PostgresStore:
                 [*values, record.sandbox, record.id],
             )
             self._touch(record.sandbox)
+            self._cache.pop(record.key, None)
         return new
 
+    def prefetch(self, keys: Iterable[tuple[str, str]]) -> None:
+        """Read (and lock) in one statement the rows this transaction will `get`."""
+        wanted = [k for k in dict.fromkeys(keys) if k not in self._cache]
+        if self._conn is None or not wanted:
+            return
+        rows = self._exec(
+            "SELECT r.* FROM requests r JOIN unnest(%s::text[], %s::text[]) AS k(sandbox, id) "
+            "ON r.sandbox = k.sandbox AND r.id = k.id FOR UPDATE OF r",
+            ([k[0] for k in wanted], [k[1] for k in wanted]),
+        )
+        self._cache.update(dict.fromkeys(wanted))
+        for row in rows:
+            record = record_from(row)
+            self._cache[record.key] = record
+
     def get(self, sandbox: str, request_id: str) -> Record | None:
+        if self._conn is not None and (sandbox, request_id) in self._cache:
+            return self._cache[(sandbox, request_id)]
         rows = self._exec(
             f"SELECT * FROM requests WHERE sandbox = %s AND id = %s{self._lock}",
             (sandbox, request_id),

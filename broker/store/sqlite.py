@@ -220,6 +220,9 @@ class SQLiteStore:
         )
         return new
 
+    def prefetch(self, keys: Iterable[tuple[str, str]]) -> None:
+        """Nothing to save: SQLite reads are in-process."""
+
     def get(self, sandbox: str, request_id: str) -> Record | None:
         row = self._exec(
             "SELECT * FROM requests WHERE sandbox = ? AND id = ?", (sandbox, request_id)
