@@ -340,13 +340,13 @@ def load_config(
         preview_timeout_s=_duration(section.get("preview_timeout", "30s"), "preview_timeout"),
         allow_as=bool(section.get("allow_as", False)),
         source=path,
-        ledger_url=_ledger_url(section),
+        ledger_url=ledger_url(section),
         ledger_refs={k: v for k, v in section.items() if k.startswith("ledger_password")},
         host_id_setting=fleet.host_id_setting(section.get("host_id")),
     )
 
 
-def _ledger_url(section: Mapping[str, Any]) -> str | None:
+def ledger_url(section: Mapping[str, Any]) -> str | None:
     """[broker] ledger: a postgresql:// URL with no password in it, or absent (SQLite)."""
     from urllib.parse import parse_qs, urlsplit
 

@@ -1,17 +1,37 @@
-"""`broker audit verify | tail | export`: the audit log, read and checked."""
+"""`broker audit verify | tail | export`: the audit log, read and checked.
+
+With a shared PostgreSQL ledger the chains are there, one per host: `verify` checks
+every host's chain against its recorded head, and this host's local copy against its
+chain; `tail` and `export` read the whole fleet's events, in time order."""
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from datetime import UTC
-from typing import Annotated, Any
+from functools import partial
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from broker import audit as audit_log
-from broker.cli.common import ConfigOpt, JsonOpt, StateOpt, config_only, fail, guarded, out
+from broker.cli.common import (
+    ConfigOpt,
+    JsonOpt,
+    StateOpt,
+    config_only,
+    err,
+    fail,
+    guarded,
+    open_ledger,
+    out,
+)
+from broker.config import Config
 from broker.render import terminal
+
+if TYPE_CHECKING:
+    from broker.store.base import Store
 
 app = typer.Typer(help="Read and verify the audit log.", no_args_is_help=True)
 
@@ -25,6 +45,9 @@ def verify(config: ConfigOpt = None, state: StateOpt = None) -> None:
     from broker.ledger import Ledger
 
     cfg = config_only(config, state)
+    if cfg.shared_ledger:
+        _verify_fleet(cfg)
+        return
     path = cfg.audit_path
     head = None
     if cfg.ledger_path.exists():
@@ -47,8 +70,7 @@ def tail(
     json_out: JsonOpt = False,
 ) -> None:
     """Show the last events of the audit log."""
-    path = config_only(config, state).audit_path
-    events = [e for _, e, _ in audit_log.read_events(path) if e is not None]
+    events = list(_events(config_only(config, state)))
     _print_events(events[-lines:] if lines > 0 else [], json_out)
 
 
@@ -74,11 +96,68 @@ def export(
     state: StateOpt = None,
 ) -> None:
     """Write the audit events (JSON lines, with their hashes) since a time to stdout."""
-    path = config_only(config, state).audit_path
+    cfg = config_only(config, state)
     cutoff = _cutoff(since) if since else None
-    for _, event, _raw in audit_log.read_events(path):
-        if event is not None and (cutoff is None or str(event.get("at", "")) >= cutoff):
+    for event in _events(cfg):
+        if cutoff is None or str(event.get("at", "")) >= cutoff:
             sys.stdout.write(json.dumps(event) + "\n")
+
+
+def _events(cfg: Config) -> Iterator[dict[str, Any]]:
+    """The audit events: this state dir's log, or every host's chain in the shared
+    ledger, in time order."""
+    if not cfg.shared_ledger:
+        yield from (e for _, e, _ in audit_log.read_events(cfg.audit_path) if e is not None)
+        return
+    store = open_ledger(cfg)
+    events = [e for _, e, _ in audit_log.parse_lines(guarded(lambda: list(store.audit_lines())))]
+    found = [e for e in events if e is not None]
+    yield from sorted(found, key=lambda e: (str(e.get("at", "")), str(e.get("host", ""))))
+
+
+def _verify_fleet(cfg: Config) -> None:
+    """Every host's chain in the shared ledger, then this host's local copy."""
+    store = open_ledger(cfg)
+    chains = guarded(store.audit_chains)
+    if not chains:
+        fail("the shared ledger holds no audit chain yet: has a broker run on it?", code=1)
+    broken = False
+    for host, head in chains.items():
+        lines = guarded(partial(_lines, store, host))
+        count, fault = audit_log.verify_lines(audit_log.parse_lines(lines), head)
+        if fault is not None:
+            err.print(
+                f"[bold red]error:[/] host {terminal(host)}: line {fault.line}: {fault.problem}"
+            )
+            broken = True
+        else:
+            out.print(f"host {terminal(host)}: ok, {count} event(s), chain intact")
+    broken = _verify_copy(cfg, store) or broken
+    if broken:
+        raise typer.Exit(1)
+
+
+def _lines(store: Store, host: str) -> list[str]:
+    return list(store.audit_lines(host))
+
+
+def _verify_copy(cfg: Config, store: Store) -> bool:
+    """Whether this host's local copy is broken (it may lag behind its chain)."""
+    path, host = cfg.audit_path, cfg.host_id()
+    if not path.exists():
+        return False
+    count, fault = audit_log.verify(path)
+    if fault is None:
+        chain = guarded(partial(_lines, store, host))
+        for number, (_, _, raw) in enumerate(audit_log.read_events(path), 1):
+            if number > len(chain) or chain[number - 1] != raw:
+                fault = audit_log.Fault(number, f"it is not the line host {host}'s chain holds")
+                break
+    if fault is not None:
+        err.print(f"[bold red]error:[/] local copy {path}: line {fault.line}: {fault.problem}")
+        return True
+    out.print(f"local copy {path}: ok, {count} event(s) of host {terminal(host)}'s chain")
+    return False
 
 
 def _cutoff(since: str) -> str | None:
