@@ -15,9 +15,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
+from broker.errors import StoreUnavailable
 from broker.events import Applied, Assessed, Key
 from broker.outbox import Outbox
+
+T = TypeVar("T")
 
 log = logging.getLogger("broker")
 SAY_EVERY_S = 60.0
@@ -58,6 +62,14 @@ class Outage:
             log.error("%s; new requests wait in their outboxes until it answers again", why)
         if work is not None:
             self.keep(work)
+
+    def attempt(self, fn: Callable[[], T], default: T, work: Kept | None = None) -> T:
+        """`fn()`; if the store does not answer, `default`, and an outage keeping `work`."""
+        try:
+            return fn()
+        except StoreUnavailable as exc:
+            self.begin(exc, work)
+            return default
 
     def keep(self, work: Kept) -> None:
         assert self.kept is not None

@@ -27,7 +27,7 @@ from broker.audit import AuditLog
 from broker.batch import Batch
 from broker.config import Config
 from broker.deadlines import Deadlines
-from broker.errors import StoreUnavailable
+from broker.errors import LeaseLost, LedgerError, StoreUnavailable
 from broker.events import (
     Applied,
     Assessed,
@@ -53,6 +53,7 @@ from broker.policy import Policy
 from broker.redaction import Redactor
 from broker.registry import Registry
 from broker.results import Answers
+from broker.stages import Stages
 from broker.store.base import Listener, Store
 from broker.store.factory import open_store
 from broker.validation import Validator
@@ -82,6 +83,8 @@ class Broker:
         validator = Validator(registry.schema)  # each effect's compiled when first seen
         self.claims = intake.Claims(config.limits, validator, config.state_dir)
         self.admission = Admission(config, registry, policy, validator, self.lifecycle)
+        self.started = StartMarks(config.state_dir / "started")
+        self.stages = Stages(self.ledger, self.lifecycle, self.claims, self.admission, self.apply)
         self.audit = self.ledger.audit_sink(AuditLog(config.audit_path))
         # published into each results dir; what the handlers declare is kept in the state
         # dir, so a start imports only the handlers it uses
@@ -92,7 +95,6 @@ class Broker:
             host=self.ledger.host,  # with a shared store: HOST.SANDBOX
         )
         self.answers = Answers(self.served)
-        self.started = StartMarks(config.state_dir / "started")
         self.events: queue.Queue[Event] = queue.Queue()
         self.backlog = Backlog()
         self._workers = Workers(threads=workers)
@@ -269,6 +271,16 @@ class Broker:
         except StoreUnavailable as exc:  # nothing of it is observable: it is done again
             self.outage.begin(exc, work)
             return
+        except LedgerError as exc:
+            if isinstance(exc, LeaseLost):
+                raise
+            # a write sent with others failed: again, one statement at a time, so the
+            # request at fault fails alone in its savepoint
+            log.warning("a wake-up's commit failed (%s); trying it statement by statement", exc)
+            self.answers.written.extend(work.written)
+            batch = Batch()
+            with self.ledger.careful():
+                self._commit(work, reload, batch)
         fault("after_commit")
         self._after_commit(batch)
 
@@ -312,33 +324,17 @@ class Broker:
             )
             for box, name, where in work.claimed:
                 if where is not None:
-                    self._intake(box, name, where, batch)
+                    self.stages.intake(box, name, where, batch)
             for item in work.done:
-                self._finish(item, batch)
+                self._in_flight.discard(item.key)
+                self.stages.finish(item, batch)
             for back in work.assessed:
-                self._resume(back, batch)
+                self.stages.resume(back, batch)
             for sandbox, request_id in work.due:
-                self._expire(sandbox, request_id, batch)
+                self.stages.expire(sandbox, request_id, batch)
             if reload:
                 recovery.reload(self.ledger, self.lifecycle, batch)
             fault("before_commit")
-
-    def _intake(self, box: Outbox, name: str, where: str, batch: Batch) -> None:
-        """Read and admit one claimed file. A bug met by one request must not stop the
-        others: its part of the transaction is rolled back and it waits in the claim
-        dir for the next start."""
-        mark = batch.mark()
-        try:
-            with self.ledger.savepoint():
-                read = self.claims.read(box, name.removesuffix(".json"), where)
-                if read is not None:
-                    self.admission.admit(read, batch)
-                    self._apply_inline(batch)
-        except Exception:
-            log.exception(
-                "sandbox %s: could not process %r; kept for the next start", box.sandbox, name
-            )
-            batch.rollback(mark)
 
     def _after_commit(self, batch: Batch) -> None:
         for box, name in batch.remove:
@@ -372,75 +368,24 @@ class Broker:
         return written
 
     def _overdue(self) -> list[Event]:
-        """Held requests whose work off the loop ran out of time (asked only while the
-        store answers)."""
+        """Held requests whose work off the loop ran out of time (while the store answers)."""
         if self.outage.active:
             return []
-        try:
-            return list(self.assessments.overdue(self.ledger))
-        except StoreUnavailable as exc:
-            self.outage.begin(exc)
-            return []
+        none: list[Assessed] = []
+        return list(self.outage.attempt(lambda: self.assessments.overdue(self.ledger), none))
 
     # -- applying -----------------------------------------------------------------------
+
+    def apply(self, record: Record) -> Applied:
+        """The one call into a handler (inline, or on a worker)."""
+        return call(self.registry.effect(record.effect or ""), record, self.config, self.started)
 
     def _submit(self, record: Record) -> None:
         if record.key in self._in_flight or self._closing:
             return
         self._in_flight.add(record.key)
-        effect = self.registry.effect(record.effect or "")
-
-        def run() -> None:
-            self.events.put(call(effect, record, self.config, self.started))
-
-        self._workers.submit(record.sandbox, run)
-
-    def _resume(self, done: Assessed, batch: Batch) -> None:
-        record = self.ledger.get(*done.key)
-        if record is None or record.state != "received" or record.sha256 != done.sha256:
-            return
-        mark = batch.mark()
-        try:
-            with self.ledger.savepoint():
-                self.admission.resume(record, done, batch)
-                self._apply_inline(batch)
-        except Exception:
-            log.exception("sandbox %s: could not go on with %s", record.sandbox, record.id)
-            batch.rollback(mark)
-
-    def _apply_inline(self, batch: Batch) -> None:
-        """Fast handlers, safe to repeat, applied in their request's own commit (a crash
-        before it commits reads the claimed file again and applies it again)."""
-        for record in batch.inline:
-            effect = self.registry.effect(record.effect or "")
-            self._finished(record, call(effect, record, self.config, self.started), batch)
-        batch.inline.clear()
-
-    def _finish(self, done: Applied, batch: Batch) -> None:
-        self._in_flight.discard(done.key)
-        record = self.ledger.get(*done.key)
-        if record is None or record.state != "applying":
-            return
-        batch.settled.append(record)
-        self._finished(record, done, batch)
-
-    def _finished(self, record: Record, done: Applied, batch: Batch) -> None:
-        record = self.lifecycle.finish(record, done.status, done.reason, done.output, done.issues)
-        batch.answer.append(record)
-        batch.answer.extend(self.lifecycle.settle_replays(record))
-
-    # -- deadlines ----------------------------------------------------------------------
-
-    def _expire(self, sandbox: str, request_id: str, batch: Batch) -> None:
-        record = self.ledger.get(sandbox, request_id)
-        if record is None or record.state != "pending":
-            return
-        record = self.lifecycle.expire(record)
-        if record.state == "applying":
-            batch.apply.append(record)
-            return
-        batch.answer.append(record)
-        batch.answer.extend(self.lifecycle.settle_replays(record))
+        self.registry.effect(record.effect or "")  # an unknown effect fails here, not there
+        self._workers.submit(record.sandbox, lambda: self.events.put(self.apply(record)))
 
     # -- recovery and control -----------------------------------------------------------
 
@@ -452,7 +397,7 @@ class Broker:
         batch = Batch()
         boxes = list(self.served.boxes.values())
         with self.ledger.transaction():
-            recovery.claimed(boxes, self._intake, batch)
+            recovery.claimed(boxes, self.stages.intake, batch)
             recovery.applies(
                 self.ledger, self.lifecycle, self.registry, self.config, self.started, batch
             )

@@ -160,3 +160,17 @@ def test_a_ledger_from_before_the_seen_column_is_upgraded(tmp_path: Path) -> Non
         assert (ledger.get("sb", "new") or row("", "")).seen == {"k": 1}
     finally:
         ledger.close()
+
+
+def test_text_with_a_nul_character_is_kept(ledger: Store) -> None:
+    """A reason holding NUL (a service's reply) is written, not a failed commit; on
+    PostgreSQL, whose text cannot hold it, U+FFFD stands in its place."""
+    with ledger.transaction():
+        record = ledger.insert(row("sb", "nul", "applying"))
+        ledger.update(record, state="failed", reason="failed: the service said \x00oops")
+    again = ledger.get("sb", "nul")
+    assert again is not None and again.state == "failed"
+    assert again.reason in (
+        "failed: the service said \x00oops",
+        "failed: the service said \ufffdoops",
+    )

@@ -114,6 +114,10 @@ class Store(Protocol):
     def savepoint(self) -> AbstractContextManager[None]:
         """A part of the current transaction that can fail alone."""
 
+    def careful(self) -> AbstractContextManager[None]:
+        """Within it, every statement runs at once, so a savepoint holds its own failure
+        (a store that sends writes together otherwise)."""
+
     def ping(self) -> bool:
         """Whether the store answers now (a broker waiting out an outage asks)."""
 

@@ -22,7 +22,7 @@ from broker.fleet import qualify
 from broker.ownership import StateLock
 from broker.store.base import record_values
 from broker.store.pg_schema import error
-from broker.store.postgres import pool
+from broker.store.pg_session import pool
 from broker.store.sqlite import SQLiteStore
 
 TABLES = ("requests", "decisions", "audit_lines", "brokers")
