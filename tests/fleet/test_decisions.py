@@ -5,13 +5,20 @@ a live host id is refused; a PostgreSQL that does not answer stops a start."""
 
 from __future__ import annotations
 
+import json
 import socket
+from typing import Any
 
 import httpx
 
 from tests.crash.support import Receiver
 from tests.fleet.conftest import MakeHost
 from tests.fleet.support import TOKENS, request, rows
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
 
 GATE = (
     '[[rules]]\neffect = "crashtest.send"\naction = "approve"\nreason = "people look"\n'
@@ -74,6 +81,31 @@ def test_quorum_across_hosts_counts_two_people_once_each(
     result = a.result("two")
     assert result["status"] == "applied" and result["decided_by"] == "alice, bob"
     assert receiver.count("alpha.default/two") == (1, 1)
+
+
+def test_decisions_racing_deadlines_end_one_way_each(host: MakeHost, receiver: Receiver) -> None:
+    """Requests on B with a 2 s deadline, approved one after another from A's CLI while
+    their deadlines pass: each ends applied (its approval was taken) or expired (it was
+    refused), never both, and only the applied ones reached the receiver, once."""
+    short = GATE.replace('timeout = "1h"', 'timeout = "2s"\non_timeout = "deny"')
+    a, b = host("alpha", short), host("beta", short)
+    a.start()
+    b.start()
+    ids = [f"race{n}" for n in range(6)]
+    b.stage([request(rid) for rid in ids])
+    for rid in ids:
+        b.result(rid, ("pending",))
+    taken = {rid: a.cli("approve", f"beta.default/{rid}").returncode == 0 for rid in ids}
+    for rid in ids:
+        status = b.result(rid)["status"]
+        assert status == ("applied" if taken[rid] else "expired"), (rid, status, taken)
+        assert receiver.count(f"beta.default/{rid}") == ((1, 1) if taken[rid] else (0, 0))
+    outcomes = [
+        e
+        for e in json_lines(a.cli("audit", "export").stdout)
+        if e["event"] in ("decided", "expired")
+    ]
+    assert sorted(e["id"] for e in outcomes) == sorted(ids), outcomes
 
 
 def test_same_names_on_two_hosts_are_two_requests_and_keys_replay_per_host(

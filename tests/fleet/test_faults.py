@@ -37,6 +37,13 @@ def check(h: Host, receiver: Receiver) -> Counter[str]:
     return statuses
 
 
+def assert_chains_verify(h: Host) -> None:
+    """`broker audit verify` on this host: every host's chain and the local copy hold."""
+    done = h.cli("audit", "verify")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "host alpha: ok" in done.stdout and "host beta: ok" in done.stdout
+
+
 @pytest.mark.parametrize("victim", ["alpha", "beta"])
 def test_either_broker_killed_mid_flood(host: MakeHost, receiver: Receiver, victim: str) -> None:
     """300 non-idempotent requests on each host; one broker killed -9 mid-flood and
@@ -59,6 +66,7 @@ def test_either_broker_killed_mid_flood(host: MakeHost, receiver: Receiver, vict
         statuses = check(h, receiver)
         if name != victim:
             assert statuses == {"applied": FLOOD}
+            assert_chains_verify(h)
         else:
             assert statuses["unknown"] <= mid_apply, (statuses, mid_apply)
 
@@ -92,3 +100,4 @@ def test_postgresql_restarted_mid_flood(
         assert check(h, receiver) == {"applied": FLOOD}
         assert h.process is not None and h.process.proc.poll() is None
         wait_for(lambda h=h: "answers again" in h.process.output(), 60, "the broker resuming")
+    assert_chains_verify(hosts[0])
