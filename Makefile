@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest docker tools image bench clean
+.PHONY: demo test lint typecheck pytest docker tools postgres image bench clean demo-fleet
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -32,8 +32,14 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP) docker tools
+pytest: $(STAMP) docker tools postgres
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# PostgreSQL's server binaries (Debian's postgresql when absent, as root); nothing is
+# started here: each test session, demo and bench starts its own server in a temp dir.
+# In CI a failure is fatal, elsewhere the PostgreSQL tests skip and say why.
+postgres:
+	@bash scripts/postgres-up.sh || [ -z "$$CI" ]
 
 # Real stand-ins the tests drive: Debian's Chromium (the inbox) and Prism serving
 # GitHub's OpenAPI description. Installed once; in CI a failure is fatal, elsewhere
@@ -46,7 +52,7 @@ test: lint typecheck pytest
 
 # The benchmark against the raw inotify round trip (not part of `make test`; < 10 min).
 # BENCH_ARGS=--quick for a ~1-minute run; see docs/performance.md.
-bench: $(STAMP) docker
+bench: $(STAMP) docker postgres
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
@@ -71,3 +77,9 @@ demo-github: $(STAMP) docker
 # run in a sandbox, one denied with the reason back in the conversation.
 demo-autogen: $(STAMP) docker
 	$(BIN)/python scripts/demo_autogen.py
+
+# Two brokers ("hosts" alpha and beta: separate state dirs and sandbox roots) on one
+# PostgreSQL started for the demo; a request on each is approved from the other's CLI,
+# then the fleet's audit chains are verified.
+demo-fleet: $(STAMP) postgres
+	$(BIN)/python scripts/demo_fleet.py

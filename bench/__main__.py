@@ -26,7 +26,7 @@ from bench import cases, fsprobe
 from bench.stats import Figure, ratio
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SECTIONS = ("baseline", "broker", "many", "sandbox", "idle", "start", "peers")
+SECTIONS = ("baseline", "broker", "many", "fleet", "sandbox", "idle", "start", "peers")
 
 
 class Run:
@@ -58,6 +58,9 @@ def measure(args: argparse.Namespace, cells: cases.Cells, run: Run) -> None:
         cases.BUDGET.update(seq_s=3.0, burst_s=8.0)
     want = set(SECTIONS) - set(args.skip)
     _probe(run, cells, "start")
+    pg = _postgres(run) if "fleet" in want else None
+    if pg is None:
+        want.discard("fleet")
 
     def cell(label: str, measure: Callable[..., dict[str, Any]], *args: Any, **kw: Any) -> None:
         probe = fsprobe.probe(cells.base / "probes")
@@ -72,6 +75,9 @@ def measure(args: argparse.Namespace, cells: cases.Cells, run: Run) -> None:
         if "broker" in want:
             for effect in ("bench.noop", "files.write"):
                 cell(f"broker {effect}", cases.broker, effect, 1, seq, burst)
+        if "fleet" in want and pg is not None:
+            for brokers in (1, 2):
+                cell(f"fleet ×{brokers}", cases.fleet, brokers, seq, burst, pg.new_database)
         if "many" in want:
             for count in plan.outbox_counts[1:]:
                 cell(
@@ -83,12 +89,16 @@ def measure(args: argparse.Namespace, cells: cases.Cells, run: Run) -> None:
                     burst,
                 )
 
-    for r in range(plan.repeats):
-        server_cells(plan.seq_n, 0, plan.many_seq_n)
-        print(f"bench: sequential {r + 1}/{plan.repeats} done", file=sys.stderr, flush=True)
-    for r in range(plan.burst_repeats):
-        server_cells(0, plan.burst_n, 0)
-        print(f"bench: burst {r + 1}/{plan.burst_repeats} done", file=sys.stderr, flush=True)
+    try:
+        for r in range(plan.repeats):
+            server_cells(plan.seq_n, 0, plan.many_seq_n)
+            print(f"bench: sequential {r + 1}/{plan.repeats} done", file=sys.stderr, flush=True)
+        for r in range(plan.burst_repeats):
+            server_cells(0, plan.burst_n, 0)
+            print(f"bench: burst {r + 1}/{plan.burst_repeats} done", file=sys.stderr, flush=True)
+    finally:
+        if pg is not None:
+            pg.close()
 
     if "sandbox" in want or "start" in want:
         why = cases.docker_ready()
@@ -118,6 +128,33 @@ def measure(args: argparse.Namespace, cells: cases.Cells, run: Run) -> None:
     _probe(run, cells, "end")
 
 
+class _Postgres:
+    """The bench's own PostgreSQL (durable: fsync on), one new database per cell."""
+
+    def __init__(self) -> None:
+        from tests.pgserver import PASSWORD, PgServer
+
+        self.server = PgServer(fsync=True)
+        self.server.start()
+        os.environ["BENCH_PG_PASSWORD"] = PASSWORD  # the brokers' password reference
+        self._made = 0
+
+    def new_database(self) -> str:
+        self._made += 1
+        return self.server.create_database(f"bench{self._made}")
+
+    def close(self) -> None:
+        self.server.destroy()
+
+
+def _postgres(run: Run) -> _Postgres | None:
+    try:
+        return _Postgres()
+    except Exception as exc:  # no binaries, no psycopg: the rest of the bench still runs
+        run.notes.append(f"fleet section skipped: {exc}")
+        return None
+
+
 # -- the table ------------------------------------------------------------------
 
 LATENCY_ROWS = [
@@ -134,6 +171,18 @@ LATENCY_ROWS = [
     ),
     ("2. broker", "broker bench.noop ×100", "broker, bench.noop, 100 outboxes (root)", "floor"),
     ("2. broker", "broker bench.noop ×1000", "broker, bench.noop, 1,000 outboxes (root)", "floor"),
+    (
+        "2b. PostgreSQL (ratios to the SQLite row above)",
+        "fleet ×1",
+        "broker, bench.noop, PostgreSQL ledger",
+        "broker bench.noop",
+    ),
+    (
+        "2b. PostgreSQL (ratios to the SQLite row above)",
+        "fleet ×2",
+        "two brokers sharing PostgreSQL (both)",
+        "broker bench.noop",
+    ),
     ("3. sandbox", "sandbox raw", "raw watcher, writer in a container", "sandbox raw"),
     (
         "3. sandbox",
@@ -298,6 +347,10 @@ def targets(run: Run) -> list[dict[str, Any]]:
     for key in ("broker bench.noop", "broker bench.noop ×1000"):
         rr = ratio(run.figure(key, "rate"), raw["rate"])
         check(f"{key}: burst ≥ 0.8× raw", rr, 0.8, rr >= 0.8)
+    sqlite_rate = run.figure("broker bench.noop", "rate")
+    for key in ("fleet ×1", "fleet ×2"):
+        rr = ratio(run.figure(key, "rate"), sqlite_rate)
+        check(f"{key}: burst on PostgreSQL ≥ 0.5× SQLite's", rr, 0.5, rr >= 0.5)
     cpu = run.figure("broker bench.noop", "burst_cpu_us").median
     check("broker bench.noop: server CPU ≤ 100 µs per request", cpu, 100.0, cpu <= 100.0)
     rss = run.figure("broker bench.noop", "VmHWM").median

@@ -140,6 +140,7 @@ def raw(
 
 def _layout(cell: Path, boxes: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """The broker's dirs: attach mode for one outbox, root mode for several."""
+    cell.mkdir(parents=True, exist_ok=True)
     state, exports = cell / "state", cell / "exports"
     state.mkdir()
     exports.mkdir()
@@ -179,6 +180,41 @@ def broker(
         if around is None:
             return _exercise(pairs, effect, cell, seq_n, burst_n, server)
         return around(server, lambda: _exercise(pairs, effect, cell, seq_n, burst_n, server))
+
+
+class _Pair:
+    """Two servers measured as one: CPU summed, memory of the larger."""
+
+    def __init__(self, servers: list[procs.Server]) -> None:
+        self.servers = servers
+
+    def cpu_seconds(self) -> float:
+        return sum(s.cpu_seconds() for s in self.servers)
+
+    def memory(self) -> dict[str, float]:
+        found = [s.memory() for s in self.servers]
+        return {k: max(m.get(k, 0.0) for m in found) for k in ("VmRSS", "VmHWM")}
+
+
+def fleet(
+    cells: Cells, brokers: int, seq_n: int, burst_n: int, new_database: Callable[[], str]
+) -> dict[str, Any]:
+    """`brokers` brokers (hosts b0, b1, …) sharing one new PostgreSQL database, each with
+    one attach-mode outbox; the writer spreads requests over them round-robin."""
+    cell = cells.new(f"fleet-{brokers}")
+    url = new_database()
+    servers: list[procs.Server] = []
+    pairs: list[tuple[str, str]] = []
+    try:
+        for n in range(brokers):
+            spec, boxes = _layout(cell / f"b{n}", 1)
+            spec.update(ledger=url, host_id=f"b{n}")
+            servers.append(procs.broker(spec, cell / f"b{n}" / "server.log"))
+            pairs.extend(boxes)
+        return _exercise(pairs, "bench.noop", cell, seq_n, burst_n, _Pair(servers))
+    finally:
+        for server in servers:
+            server.stop()
 
 
 def peer(cells: Cells, kind: str, seq_n: int, burst_n: int) -> dict[str, Any]:

@@ -3,7 +3,9 @@
     python -m bench.server SPEC_JSON
 
 SPEC: {"state": dir, "exports": dir, "attach": [outbox, results] | null,
-       "root": sandboxes dir | null, "rescan": seconds, "cprofile": path | null}
+       "root": sandboxes dir | null, "rescan": seconds, "cprofile": path | null,
+       "ledger": postgresql URL | null, "host_id": id (with "ledger"; the password
+       comes from $BENCH_PG_PASSWORD)}
 Prints "ready" once it serves; SIGTERM stops it (and writes the cProfile, if asked).
 """
 
@@ -33,6 +35,9 @@ def build(spec: dict[str, Any]) -> Broker:
         state_dir=Path(spec["state"]),
         integrations={"files": {"root": spec["exports"]}},
         rescan_interval_s=float(spec.get("rescan", 30.0)),
+        ledger_url=spec.get("ledger"),
+        ledger_refs={"ledger_password_env": "BENCH_PG_PASSWORD"} if spec.get("ledger") else {},
+        host_id_setting=spec.get("host_id"),
     )
     registry.check_config(config.integrations, config.base_dir)
     broker = Broker(config, registry, Policy())

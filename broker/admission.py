@@ -19,13 +19,13 @@ from broker.context import Memo, context_for
 from broker.errors import Denied, EffectFailed, Issue, Outcome, Rejected
 from broker.events import Assessed
 from broker.intake import Read
-from broker.ledger import Ledger
 from broker.lifecycle import Lifecycle
 from broker.models import Record, Request, sha256_hex
 from broker.names import REQUEST_ID
 from broker.policy import Policy
 from broker.registry import Effect, Registry
-from broker.stages import Stages
+from broker.stage_times import StageTimes
+from broker.store.base import Store
 from broker.typing import Params
 from broker.validation import Validator
 from effects.base import Context
@@ -58,8 +58,8 @@ class Admission:
         self.policy = policy
         self.validator = validator
         self.lifecycle = lifecycle
-        self.ledger: Ledger = lifecycle.ledger
-        self.stages: Stages | None = None  # stage times for traces (broker.tracing); None: off
+        self.ledger: Store = lifecycle.ledger
+        self.stages: StageTimes | None = None  # stage times for traces (broker.tracing); None: off
         self.held: Counter[str] = Counter()  # per sandbox: held for a preview
         self._counted: set[tuple[str, str]] = set()
         self.bad_reuse = Reuses()

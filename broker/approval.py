@@ -23,10 +23,11 @@ from broker.clock import iso, parse_iso
 from broker.config import Config
 from broker.errors import BrokerError, DecisionError
 from broker.identity import approver_name, same_person
-from broker.ledger import Decision, Ledger, Record
 from broker.lifecycle import Lifecycle
+from broker.models import Decision, Record
 from broker.policy import batch_allowed, slack_buttons
 from broker.registry import Registry
+from broker.store.base import Store
 
 VERDICTS = ("approve", "deny")
 log = logging.getLogger("broker.approval")
@@ -46,12 +47,12 @@ def needed(record: Record) -> int:
     return int((record.verdict or {}).get("approvals", 1))
 
 
-def approvers(ledger: Ledger, record: Record) -> list[str]:
+def approvers(ledger: Store, record: Record) -> list[str]:
     return [d.approver for d in ledger.decisions(*record.key) if d.verdict == "approve"]
 
 
 def decide(
-    ledger: Ledger,
+    ledger: Store,
     ref: str,
     verdict: str,
     *,
@@ -127,7 +128,7 @@ def _check_decidable(record: Record, sha256: str | None) -> None:
         )
 
 
-def _settle(ledger: Ledger, record: Record, decisions: list[Decision], stamp: str) -> Outcome:
+def _settle(ledger: Store, record: Record, decisions: list[Decision], stamp: str) -> Outcome:
     """A denial settles it; approvals settle it once there are enough of them."""
     last = decisions[-1]
     need = needed(record)
@@ -146,7 +147,7 @@ def _settle(ledger: Ledger, record: Record, decisions: list[Decision], stamp: st
 
 def decide_and_wake(
     config: Config,
-    ledger: Ledger,
+    ledger: Store,
     ref: str,
     verdict: str,
     *,
@@ -185,7 +186,7 @@ def nudge(state_dir: Path) -> None:
         pass  # the broker's periodic reload picks the decision up anyway
 
 
-def card(ledger: Ledger, record: Record, registry: Registry | None = None) -> dict[str, Any]:
+def card(ledger: Store, record: Record, registry: Registry | None = None) -> dict[str, Any]:
     """Everything a person needs to decide, from the ledger: the same for CLI and web."""
     verdict = record.verdict or {}
     preview = record.preview or {}

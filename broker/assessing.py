@@ -12,10 +12,10 @@ from broker.admission import assess
 from broker.apply import Job, Workers
 from broker.config import Config
 from broker.events import Assessed, Event, Key
-from broker.ledger import Ledger
 from broker.models import Record
 from broker.policy import Policy
 from broker.registry import Registry
+from broker.store.base import Store
 
 log = logging.getLogger("broker")
 
@@ -63,7 +63,7 @@ class Assessments:
     def seconds_left(self) -> float:
         return self._pool.next_deadline()
 
-    def overdue(self, ledger: Ledger) -> list[Assessed]:
+    def overdue(self, ledger: Store) -> list[Assessed]:
         """The results of the jobs that ran out of time: the request goes on without."""
         late = self._pool.overdue()
         back = []

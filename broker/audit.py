@@ -19,14 +19,14 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from broker.errors import AuditError
-from broker.ledger import Ledger, Record
-from broker.models import canonical, sha256_hex
+from broker.models import Record, canonical, sha256_hex
+from broker.store.base import Store
 
 GENESIS = "0" * 64
 T = TypeVar("T")
@@ -59,6 +59,21 @@ def line_hash(entry: dict[str, Any], key: bytes | None = None) -> str:
             raise AuditError("a keyed audit line cannot be checked without the audit key")
         return hmac.new(key, body, hashlib.sha256).hexdigest()
     return sha256_hex(body)
+
+
+def chain(
+    events: Sequence[tuple[int, dict[str, Any]]], head: str, key: bytes | None = None
+) -> tuple[list[bytes], str]:
+    """Chain `events` ((seq, event), in order) after `head`, keyed under `key` when
+    given: their lines and the new head (the file log and a shared store alike)."""
+    lines: list[bytes] = []
+    for seq, event in events:
+        entry = {"seq": seq, **event, "prev": head}
+        if key is not None:
+            entry["alg"] = KEYED
+        entry["hash"] = head = line_hash(entry, key)
+        lines.append(canonical(entry))
+    return lines, head
 
 
 @dataclass(frozen=True)
@@ -138,19 +153,24 @@ class AuditLog:
             os.close(fd)
 
     def _append(self, events: list[tuple[int, dict[str, Any]]], sync: bool) -> int:
-        lines: list[bytes] = []
-        head, last = self.head, self.last_seq
-        for seq, event in events:
-            if seq <= last:
-                continue  # already appended before a crash
-            entry = {"seq": seq, **event, "prev": head}
-            if self.key is not None:
-                entry["alg"] = KEYED
-            entry["hash"] = head = line_hash(entry, self.key)
-            lines.append(canonical(entry) + b"\n")
-            last = seq
-        if not lines:
+        fresh = [(seq, e) for seq, e in events if seq > self.last_seq]  # not before a crash
+        if not fresh:
             return self.last_seq
+        lines, head = chain(fresh, self.head, self.key)
+        return self._write([line + b"\n" for line in lines], sync, fresh[-1][0], head)
+
+    def append_lines(self, lines: Iterable[tuple[int, str]], *, sync: bool = False) -> int:
+        """Copy lines chained elsewhere (a shared store's chain), skipping those held."""
+        with self._locked():
+            self.last_seq, self.head = self._recover_tail()
+            fresh = [(seq, line) for seq, line in lines if seq > self.last_seq]
+            if not fresh:
+                return self.last_seq
+            last = json.loads(fresh[-1][1])
+            data = [line.encode("utf-8") + b"\n" for _, line in fresh]
+            return self._write(data, sync, int(last["seq"]), str(last["hash"]))
+
+    def _write(self, lines: list[bytes], sync: bool, last: int, head: str) -> int:
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
@@ -192,7 +212,7 @@ class AuditWriter:
 
     def __init__(
         self,
-        ledger: Ledger,
+        ledger: Store,
         log: AuditLog,
         sync_every_s: float = 1.0,
         checkpoints: Callable[[int, str, bool], None] | None = None,
@@ -217,7 +237,7 @@ class AuditWriter:
             if self._undurable_since is None:
                 self._undurable_since = time.monotonic()
         if self.observers:
-            _tell(self.observers, [event for _, event in backlog])
+            tell(self.observers, [event for _, event in backlog])
         if time.monotonic() - self._synced_at >= self.sync_every_s:
             self.sync()
 
@@ -228,7 +248,7 @@ class AuditWriter:
             self._synced = self._appended
             self.durable = (self._appended, self.log.head)
             if self.on_sync and self._undurable_since is not None:
-                _tell(self.on_sync, time.monotonic() - self._undurable_since)
+                tell(self.on_sync, time.monotonic() - self._undurable_since)
             self._undurable_since = None
             if self.checkpoints is not None:
                 self.checkpoints(self._appended, self.log.head, False)
@@ -246,7 +266,7 @@ class AuditWriter:
         return durable
 
 
-def _tell(observers: list[Callable[[T], None]], value: T) -> None:
+def tell(observers: list[Callable[[T], None]], value: T) -> None:
     """Observers never break the log: their failures are logged, the events stand."""
     for observer in observers:
         try:
@@ -255,7 +275,7 @@ def _tell(observers: list[Callable[[T], None]], value: T) -> None:
             logging.getLogger("broker").exception("an audit observer failed")
 
 
-def flush(ledger: Ledger, log: AuditLog) -> None:
+def flush(ledger: Store, log: AuditLog) -> None:
     """Append the ledger's queued events to the log and forget them (for CLI surfaces)."""
     backlog = ledger.audit_backlog()
     if backlog:
@@ -269,14 +289,18 @@ def read_events(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, str]]:
     if not path.exists():
         return
     with path.open("r", encoding="utf-8", errors="replace") as f:
-        for number, raw in enumerate(f, 1):
-            text = raw.rstrip("\n")
-            try:
-                value = json.loads(text)
-            except ValueError:
-                yield number, None, text
-                continue
-            yield number, value if isinstance(value, dict) else None, text
+        yield from parse_lines(raw.rstrip("\n") for raw in f)
+
+
+def parse_lines(lines: Iterable[str]) -> Iterator[tuple[int, dict[str, Any] | None, str]]:
+    """(line number, parsed event or None, raw text) for each line of a chain."""
+    for number, text in enumerate(lines, 1):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            yield number, None, text
+            continue
+        yield number, value if isinstance(value, dict) else None, text
 
 
 @dataclass(frozen=True)
@@ -296,10 +320,29 @@ def verify(path: Path, expected_head: tuple[int, str] | None = None) -> tuple[in
     return report.count, report.fault
 
 
+def verify_lines(
+    lines: Iterable[tuple[int, dict[str, Any] | None, str]],
+    expected_head: tuple[int, str] | None = None,
+    key: bytes | None = None,
+) -> tuple[int, Fault | None]:
+    """`verify` over (line number, parsed event or None, raw text) from any source."""
+    report = check_lines(lines, expected_head, key)
+    return report.count, report.fault
+
+
 def check(
     path: Path, expected_head: tuple[int, str] | None = None, key: bytes | None = None
 ) -> Report:
-    """Check the whole chain, keyed lines under `key`.
+    """The log file's chain, checked (`check_lines`)."""
+    return check_lines(read_events(path), expected_head, key)
+
+
+def check_lines(
+    lines: Iterable[tuple[int, dict[str, Any] | None, str]],
+    expected_head: tuple[int, str] | None = None,
+    key: bytes | None = None,
+) -> Report:
+    """Check a whole chain, keyed lines under `key`.
 
     `expected_head` is the (seq, hash) the ledger last saw appended; a log cut short
     before it is reported too. A keyed line without the key, a key that does not match,
@@ -309,7 +352,7 @@ def check(
     prev, last_seq, count, seen_head = GENESIS, 0, 0, expected_head is None
     unkeyed, keyed_seen = 0, False
     hashes: dict[int, str] = {}
-    for number, entry, _raw in read_events(path):
+    for number, entry, _raw in lines:
         count = number
         fault = _line_fault(number, entry, prev, last_seq, key, keyed_seen)
         if fault is not None:

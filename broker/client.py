@@ -16,7 +16,8 @@ from pathlib import Path
 
 from broker.approval import decide_and_wake
 from broker.config import Config, load_config
-from broker.ledger import Ledger, Record
+from broker.models import Record
+from broker.store.factory import open_store
 
 UNDECIDED = ("received", "pending")
 
@@ -58,7 +59,7 @@ async def decision(
     from watchfiles import awatch
 
     cfg = _config(config, state_dir)
-    ledger = Ledger(cfg.ledger_path)
+    ledger = open_store(cfg)
     stop = asyncio.Event()
 
     def current() -> Record:
@@ -139,7 +140,7 @@ def decide_sync(
     state_dir: Path | None = None,
 ) -> DecisionInfo:
     cfg = _config(config, state_dir)
-    ledger = Ledger(cfg.ledger_path)
+    ledger = open_store(cfg)
     try:
         outcome = decide_and_wake(
             cfg,

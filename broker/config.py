@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from broker import fleet
 from broker.errors import ConfigError
 
 MiB = 1024 * 1024
@@ -31,6 +32,10 @@ BROKER_KEYS = {
     "allow_as",
     "max_pending_per_sandbox",
     "preview_timeout",
+    "ledger",
+    "ledger_password_env",
+    "ledger_password_file",
+    "host_id",
 }
 
 
@@ -64,6 +69,24 @@ class Config:
     preview_timeout_s: float = 30.0  # a handler's assessment or preview, off the loop
     allow_as: bool = False
     source: Path | None = None
+    ledger_url: str | None = None  # postgresql://… (shared by a fleet); None: SQLite
+    ledger_refs: Mapping[str, Any] = field(default_factory=dict)  # ledger_password_env|file
+    host_id_setting: str | None = None  # [broker] host_id; else derived, kept in the state dir
+
+    @property
+    def shared_ledger(self) -> bool:
+        return self.ledger_url is not None
+
+    def ledger_password(self) -> str | None:
+        """The PostgreSQL password, from `ledger_password_env` / `ledger_password_file`."""
+        return resolve_secret(self.ledger_refs, "ledger_password", "broker", self.base_dir)
+
+    def host_id(self) -> str:
+        """This host's id across the fleet: [broker] host_id, else the one derived once
+        (from the machine's name and a random part) and kept in <state>/host_id."""
+        if self.host_id_setting is not None:
+            return self.host_id_setting
+        return fleet.kept_host_id(self.state_dir)
 
     @property
     def base_dir(self) -> Path | None:
@@ -114,6 +137,12 @@ class Config:
         walk(self.integrations, "integrations")
         walk(self.notify, "notify")
         walk(self.web, "web")
+        try:
+            password = self.ledger_password()
+        except ConfigError:
+            password = None
+        if password and len(password) >= 4:
+            found.add(password)
         return frozenset(found)
 
 
@@ -345,7 +374,37 @@ def load_config(
         preview_timeout_s=_duration(section.get("preview_timeout", "30s"), "preview_timeout"),
         allow_as=bool(section.get("allow_as", False)),
         source=path,
+        ledger_url=ledger_url(section),
+        ledger_refs={k: v for k, v in section.items() if k.startswith("ledger_password")},
+        host_id_setting=fleet.host_id_setting(section.get("host_id")),
     )
+
+
+def ledger_url(section: Mapping[str, Any]) -> str | None:
+    """[broker] ledger: a postgresql:// URL with no password in it, or absent (SQLite)."""
+    from urllib.parse import parse_qs, urlsplit
+
+    url = section.get("ledger")
+    if url is None:
+        if any(k.startswith("ledger_password") for k in section):
+            raise ConfigError("broker.ledger_password_*: goes with broker.ledger = postgresql://…")
+        return None
+    if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
+        raise ConfigError(
+            "broker.ledger: expected a postgresql://user@host:port/dbname URL "
+            "(leave it out for the SQLite ledger in the state dir)"
+        )
+    try:
+        parts = urlsplit(url)
+        inline = parts.password is not None or "password" in parse_qs(parts.query)
+    except ValueError as exc:
+        raise ConfigError(f"broker.ledger: not a URL: {exc}") from exc
+    if inline:
+        raise ConfigError(
+            "broker.ledger: secrets are never written in broker.toml; take the password "
+            "out of the URL and use ledger_password_env or ledger_password_file"
+        )
+    return url
 
 
 def _limits(section: Mapping[str, Any]) -> Limits:

@@ -9,7 +9,9 @@
     ├── LedgerError            the state store refused or is inconsistent
     │   ├── RequestNotFound    no request answers to that id
     │   ├── AmbiguousRequest   the id exists in several sandboxes: use SANDBOX/ID
-    │   └── IllegalTransition  a state change the request's life does not allow
+    │   ├── IllegalTransition  a state change the request's life does not allow
+    │   ├── StoreUnavailable   the shared store (PostgreSQL) does not answer
+    │   └── LeaseLost          another broker took this host's lease: stop serving
     ├── AuditError             the audit log cannot be written or read
     ├── SandboxError           the Docker engine or a container misbehaved
     ├── StateBusy              another process serves this state dir
@@ -70,6 +72,14 @@ class AmbiguousRequest(LedgerError):
 
 class IllegalTransition(LedgerError):
     """A state change the request's life (broker.lifecycle) does not allow."""
+
+
+class StoreUnavailable(LedgerError):
+    """The shared store (PostgreSQL) does not answer; nothing of the attempt committed."""
+
+
+class LeaseLost(LedgerError):
+    """Another broker holds this host's lease now; this one must stop serving."""
 
 
 class AuditError(BrokerError):

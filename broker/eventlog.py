@@ -18,10 +18,10 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from broker.ledger import Ledger
 from broker.models import TERMINAL, Record
 from broker.observe import Event
 from broker.render import neutralize
+from broker.store.base import Store
 
 log = logging.getLogger("broker.requests")
 WARN = frozenset({"failed", "unknown", "duplicate_id"})
@@ -37,7 +37,7 @@ class ServeLog:
 
     name = "request log"
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Store) -> None:
         self.ledger = ledger  # the loop's connection: who approved, when it learns of it
         self._decided: set[tuple[str, str]] = set()  # a decided event seen, apply to come
         self._told: set[tuple[str, str]] = set()  # outcomes logged from this flush's events

@@ -36,6 +36,12 @@ class Rescan:
 
 
 @dataclass(frozen=True, slots=True)
+class Reload:
+    """Another process committed a change to this host's requests (a decision taken on
+    any host of a shared store): reload them from the ledger."""
+
+
+@dataclass(frozen=True, slots=True)
 class Wake:
     """Look at the stop flag (or a nudge) now rather than at the next timeout."""
 
@@ -79,4 +85,4 @@ class Control:
     connection: Any = None  # the client's connection, for the events it follows
 
 
-Event = FileSeen | DirsChanged | Rescan | Wake | Applied | Assessed | Control
+Event = FileSeen | DirsChanged | Rescan | Reload | Wake | Applied | Assessed | Control

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from broker import fleet
 from broker.errors import ConfigError
 from broker.events import Control
 from broker.models import Record
@@ -39,20 +40,22 @@ class Handover:
         self._handed: set[str] = set()
 
     def control(self, item: Control, now: float, on_new: Callable[[str], None]) -> None:
-        """Serve or release a sandbox for a client; `on_new` rescans a new one."""
+        """Serve or release a sandbox for a client (which names it by its local id);
+        `on_new` rescans a new one."""
         if item.op == "serve":
             self._serve(item, on_new)
         elif item.op == "release":
-            self._releasing[item.sandbox] = _Release(item.reply, now + RELEASE_TIMEOUT_S)
+            sandbox = self.served.qualify(item.sandbox)
+            self._releasing[sandbox] = _Release(item.reply, now + RELEASE_TIMEOUT_S)
 
     def _serve(self, item: Control, on_new: Callable[[str], None]) -> None:
-        sandbox = item.sandbox
-        if not SANDBOX_ID.fullmatch(sandbox):
-            item.reply({"ok": False, "error": f"{sandbox!r} is not a sandbox id"})
+        if not SANDBOX_ID.fullmatch(item.sandbox):
+            item.reply({"ok": False, "error": f"{item.sandbox!r} is not a sandbox id"})
             return
+        sandbox = self.served.qualify(item.sandbox)
         if sandbox not in self.served.boxes:
             try:
-                self.served.add(from_layout(self.sandboxes_dir, sandbox))
+                self.served.add(from_layout(self.sandboxes_dir, item.sandbox))
             except ConfigError as exc:
                 item.reply({"ok": False, "error": str(exc)})
                 return
@@ -85,7 +88,8 @@ class Handover:
             self._followers.pop(sandbox, None)
             if sandbox in self._handed:  # under a served root it would come back anyway
                 self._handed.discard(sandbox)
-                if not any(sandbox in self._listed(root) for root in self.served.roots):
+                name = fleet.local(self.served.host, sandbox)
+                if not any(name in self._listed(root) for root in self.served.roots):
                     self.served.remove(sandbox)
             done.append(sandbox)
         return done

@@ -29,8 +29,8 @@ from typing import Any
 from broker import clock
 from broker.audit import event as audit_event
 from broker.errors import IllegalTransition, Outcome
-from broker.ledger import Ledger
 from broker.models import TERMINAL, Record, State, Verdict
+from broker.store.base import Store
 
 Redact = Callable[[Any], Any]
 
@@ -55,7 +55,7 @@ def _identity(value: Any) -> Any:
 class Lifecycle:
     """The transitions, over one ledger connection; `redact` masks what is written."""
 
-    def __init__(self, ledger: Ledger, redact: Redact = _identity) -> None:
+    def __init__(self, ledger: Store, redact: Redact = _identity) -> None:
         self.ledger = ledger
         self.redact = redact
 

@@ -37,9 +37,10 @@ from broker.masking import quiet_http_libraries
 from broker.render import neutralize
 
 if TYPE_CHECKING:
-    from broker.ledger import Ledger, Record
+    from broker.models import Record
     from broker.registry import Registry
     from broker.slack.notifier import SlackNotifier
+    from broker.store.base import Store
 
 log = logging.getLogger("broker.notify")
 FORMATS = ("json", "slack")
@@ -152,7 +153,7 @@ class Notifier:
         self._thread = threading.Thread(target=self._run, name="broker-notify", daemon=True)
         self._thread.start()
 
-    def observe(self, ledger: Ledger, record: Record, registry: Registry) -> None:
+    def observe(self, ledger: Store, record: Record, registry: Registry) -> None:
         """An observer of results: tell of a request that starts waiting, and update
         Slack's message once it reaches its outcome."""
         from broker.approval import card

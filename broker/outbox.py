@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from broker import fleet
 from broker.errors import ConfigError
 from broker.events import DirsChanged, Event, FileSeen, Rescan
 
@@ -130,10 +131,18 @@ def discover(sandboxes_dir: Path) -> tuple[list[str], list[str]]:
 class Served:
     """The outboxes one broker serves: by sandbox and by directory, and the roots new
     sandboxes are discovered under. A sandbox dir whose outbox is not there yet is
-    watched itself, so the outbox is served the moment it appears."""
+    watched itself, so the outbox is served the moment it appears. With a shared store
+    (`host`), every sandbox is known by its id across the fleet, HOST.SANDBOX; its
+    directories keep their local names."""
 
-    def __init__(self, control_dir: Path, on_add: Callable[[Outbox], object] | None = None) -> None:
+    def __init__(
+        self,
+        control_dir: Path,
+        on_add: Callable[[Outbox], object] | None = None,
+        host: str | None = None,
+    ) -> None:
         self.on_add = on_add  # e.g. publish the effect catalogue into its results dir
+        self.host = host
         self.watcher: Watcher | None = None
         self.boxes: dict[str, Outbox] = {}
         self.by_dir: dict[str, Outbox] = {}
@@ -142,7 +151,13 @@ class Served:
         self._waiting: list[Path] = []
         self._refused: dict[str, str] = {}
 
+    def qualify(self, sandbox: str) -> str:
+        """A local sandbox id (a directory's name) as the ledger knows it."""
+        return fleet.qualify(self.host, sandbox)
+
     def add(self, box: Outbox) -> None:
+        """Serve `box`, made under its local id."""
+        box.sandbox = self.qualify(box.sandbox)
         self.boxes[box.sandbox] = box
         self.by_dir[str(box.outbox)] = box
         if self.on_add is not None:
@@ -173,7 +188,7 @@ class Served:
             ready, waiting = discover(root)
             self._waiting.extend(root / w for w in waiting)
             for sandbox in ready:
-                if sandbox in self.boxes:
+                if self.qualify(sandbox) in self.boxes:
                     continue
                 try:
                     box = from_layout(root, sandbox)

@@ -3,7 +3,8 @@ broker) holds an exclusive lock on `<state>/broker.lock` for its whole life; a s
 one never runs a second pipeline. Other processes on the host talk to the owner
 through `<state>/control/broker.sock` (owner-only): `broker run` hands it a sandbox
 and waits for it like any served sandbox. Reading the ledger and taking decisions
-need no lock.
+need no lock. With a shared store (PostgreSQL), the owner also holds its host's lease
+there (store/leases.py), taken after the state dir's lock and given back before it.
 
 The control protocol is JSON lines over that socket:
 
@@ -30,8 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from broker import clock
-from broker.errors import BrokerError, StateBusy
+from broker.errors import BrokerError, LeaseLost, StateBusy
 from broker.events import Control, Event
+from broker.store.base import Lease
 
 log = logging.getLogger("broker.ownership")
 MAX_LINE = 64 * 1024
@@ -53,9 +55,10 @@ class StateLock:
     """The state dir's exclusive lock, held for the owner's lifetime (flock: the kernel
     drops it when the process dies, kill -9 included)."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, lease: Lease | None = None) -> None:
         self.state_dir = state_dir
         self.path = state_dir / "broker.lock"
+        self.lease = lease
         self._fd = -1
 
     @property
@@ -78,12 +81,28 @@ class StateLock:
                 f"another broker{who} serves {self.state_dir}; stop it first, or use "
                 "`broker run`, which hands its sandbox to the running broker"
             ) from None
+        if self.lease is not None:
+            try:
+                self.lease.acquire(command)  # StateBusy naming the holder, or the store's error
+            except BaseException:
+                os.close(fd)
+                raise
         info = {"pid": os.getpid(), "command": command, "since": clock.iso(clock.now())}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode() + b"\n", 0)
         self._fd = fd
 
+    def check(self) -> None:
+        """Raise LeaseLost if another broker took this host's lease meanwhile."""
+        if self._fd >= 0 and self.lease is not None and self.lease.lost.is_set():
+            raise LeaseLost(
+                f"another broker took the lease of this host in the shared ledger; "
+                f"{self.state_dir} is no longer served"
+            )
+
     def release(self) -> None:
+        if self._fd >= 0 and self.lease is not None:
+            self.lease.release()
         if self._fd >= 0:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, 0)

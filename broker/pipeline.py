@@ -23,11 +23,11 @@ from broker import catalogue, intake, recovery
 from broker.admission import Admission
 from broker.apply import Workers, call
 from broker.assessing import Assessments
-from broker.audit import AuditWriter
 from broker.batch import Batch
 from broker.checkpoints import audit_log, checkpoints_for
 from broker.config import Config
 from broker.deadlines import Deadlines
+from broker.errors import LeaseLost, LedgerError, StoreUnavailable
 from broker.events import (
     Applied,
     Assessed,
@@ -35,24 +35,28 @@ from broker.events import (
     DirsChanged,
     Event,
     FileSeen,
+    Reload,
     Rescan,
     Wake,
 )
 from broker.fairness import Backlog
 from broker.faults import fault
 from broker.handover import Handover, has_requests
-from broker.ledger import Ledger
 from broker.lifecycle import Lifecycle
 from broker.marks import StartMarks
 from broker.masking import mask_logs
 from broker.models import Record
 from broker.notify import Notifier
+from broker.outage import Kept, Outage
 from broker.outbox import Outbox, Served
 from broker.ownership import ControlServer, StateLock
 from broker.policy import Policy
 from broker.redaction import Redactor
 from broker.registry import Registry
 from broker.results import Answers
+from broker.stages import Stages
+from broker.store.base import Listener, Store
+from broker.store.factory import open_store
 from broker.validation import Validator
 
 log = logging.getLogger("broker")
@@ -68,13 +72,13 @@ class Broker:
         registry: Registry,
         policy: Policy,
         *,
-        ledger: Ledger | None = None,
+        ledger: Store | None = None,
         workers: int = 4,
     ) -> None:
         self.config = config
         self.registry = registry
         self.policy = policy
-        self.ledger = ledger or Ledger(config.ledger_path)
+        self.ledger = ledger or open_store(config, owner=True)
         self.redact = Redactor(config.secret_values())
         mask_logs(self.redact.secrets)  # and in every log line this process writes
         self.lifecycle = Lifecycle(self.ledger, self.redact)
@@ -82,18 +86,18 @@ class Broker:
         validator = Validator(registry.schema, names=registry.names)
         self.claims = intake.Claims(config.limits, validator, config.state_dir)
         self.admission = Admission(config, registry, policy, validator, self.lifecycle)
-        self.audit = AuditWriter(
-            self.ledger, audit_log(config), checkpoints=checkpoints_for(config)
-        )
+        self.started = StartMarks(config.state_dir / "started")
+        self.stages = Stages(self.ledger, self.lifecycle, self.claims, self.admission, self.apply)
+        self.audit = self.ledger.audit_sink(audit_log(config), checkpoints_for(config))
         # published into each results dir; what the handlers declare is kept in the state
         # dir, so a start imports only the handlers it uses
         self.catalogue = catalogue.render(registry, policy, config.state_dir / "effects.cache")
         self.served = Served(
             config.state_dir / "control",
             lambda box: catalogue.publish(box.results_fd, self.catalogue, box.sandbox),
+            host=self.ledger.host,  # with a shared store: HOST.SANDBOX
         )
         self.answers = Answers(self.served)
-        self.started = StartMarks(config.state_dir / "started")
         self.events: queue.Queue[Event] = queue.Queue()
         self.backlog = Backlog()
         self._workers = Workers(threads=workers)
@@ -105,7 +109,10 @@ class Broker:
         self.on_rescan: list[Callable[[str], None]] = []  # "rescan", "restart": for metrics
         self.notifier: Notifier | None = None
         self.command = "broker serve"  # what the state lock says owns the state dir
-        self.lock = StateLock(config.state_dir)
+        # with a shared store, also this host's lease in it
+        self.lock = StateLock(config.state_dir, self.ledger.lease(str(config.state_dir)))
+        self.outage = Outage()
+        self._listener: Listener | None = None
         self.handover = Handover(self.served, config.sandboxes_dir)
         self.on_change.append(self.handover.tell)
         self._control_server: ControlServer | None = None
@@ -146,7 +153,9 @@ class Broker:
         # listening from the start: what other processes ask waits on the queue meanwhile
         self._control_server = ControlServer(self.config.state_dir, self.events)
         self._control_server.start()
-        self.recover()
+        # decisions others commit on this host's requests wake the loop (shared store)
+        self._listener = self.ledger.listen(lambda: self.events.put(Reload()))
+        self._recover()
         self.served.watch(self.events)
         # now that every watch is in place: read what is there and reload decisions
         # taken while we started (their nudges may have come before the watches)
@@ -163,7 +172,8 @@ class Broker:
                     self.assessments.seconds_left(),
                 )
                 items = self._take(timeout)
-                items.extend(self.assessments.overdue(self.ledger))
+                items.extend(self._overdue())
+                self.lock.check()  # a lease lost to another broker stops this one
                 if self.served.watcher_died(self.events):
                     for observer in self.on_rescan:
                         observer("restart")
@@ -187,7 +197,7 @@ class Broker:
         self.rescan()
         while time.monotonic() < end:
             items = self._take(0.05)
-            items.extend(self.assessments.overdue(self.ledger))
+            items.extend(self._overdue())
             self.step(items)
             if (
                 not self._in_flight
@@ -212,6 +222,9 @@ class Broker:
         if self._control_server is not None:
             self._control_server.close()
             self._control_server = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
         self._closing = True  # what is still to apply or assess waits for the next start
         self.assessments.shutdown()
         self._workers.shutdown(wait=True)
@@ -250,9 +263,47 @@ class Broker:
             self.claims.drop_orphans(box, names)
 
     def step(self, items: Iterable[Event]) -> None:
+        work, files, reload = self._sort(items)
+        work.due = self.deadlines.due()
+        if self.outage.active:
+            self.outage.keep(work)  # new files wait in their outboxes meanwhile
+            if not self.outage.over(self.ledger.ping):
+                return
+            work, files, reload = self.outage.take(), {}, True
+            self.answers.written.extend(work.written)
+            if work.recover and not self._recover(work):
+                return
+            self.events.put(Rescan())  # what came meanwhile is found again
+        busy = files or work.claimed or work.done or work.assessed or work.due or reload
+        if not (busy or self.answers.written or self.audit.durable):
+            return
+        work.claimed += [
+            (box, name, self.claims.claim(box, name)) for (_, name), box in files.items()
+        ]
+        batch = Batch()
+        try:
+            self._commit(work, reload, batch)
+        except StoreUnavailable as exc:  # nothing of it is observable: it is done again
+            self.outage.begin(exc, work)
+            return
+        except LedgerError as exc:
+            if isinstance(exc, LeaseLost):
+                raise
+            # a write sent with others failed: again, one statement at a time, so the
+            # request at fault fails alone in its savepoint
+            log.warning("a wake-up's commit failed (%s); trying it statement by statement", exc)
+            self.answers.written.extend(work.written)
+            batch = Batch()
+            with self.ledger.careful():
+                self._commit(work, reload, batch)
+        fault("after_commit")
+        self._after_commit(batch)
+
+    def _sort(self, items: Iterable[Event]) -> tuple[Kept, dict[tuple[str, str], Outbox], bool]:
+        """A wake-up's events: the work for its transaction, the files to claim, and
+        whether to reload what others changed."""
+        work = Kept()
         files: dict[tuple[str, str], Outbox] = {}
-        done: list[Applied] = []
-        assessed: list[Assessed] = []
         reload = False
         for item in items:
             if isinstance(item, FileSeen):
@@ -260,57 +311,45 @@ class Broker:
                 if box is not None:
                     files.setdefault((box.sandbox, item.name), box)
             elif isinstance(item, Applied):
-                done.append(item)
+                work.done.append(item)
             elif isinstance(item, Assessed):
                 if self.assessments.accept(item):
-                    assessed.append(item)  # else: given up on at its deadline
+                    work.assessed.append(item)  # else: given up on at its deadline
             elif isinstance(item, DirsChanged):
                 self._discover()
                 reload = True
             elif isinstance(item, Rescan):
                 self.rescan()
                 reload = True
+            elif isinstance(item, Reload):
+                reload = True
             elif isinstance(item, Control):
                 self._control(item)
-        due = self.deadlines.due()
-        busy = files or done or assessed or due or reload
-        if not (busy or self.answers.written or self.audit.durable):
-            return
-        batch = Batch()
-        claimed = [(box, name, self.claims.claim(box, name)) for (_, name), box in files.items()]
+        return work, files, reload
+
+    def _commit(self, work: Kept, reload: bool, batch: Batch) -> None:
+        """The wake-up's one transaction (group commit)."""
         with self.ledger.transaction():
-            self._mark_synced()
-            for box, name, where in claimed:
+            work.written = self._mark_synced()
+            self.ledger.prefetch(  # the rows this wake-up reads, at once (a shared store)
+                [(b.sandbox, n.removesuffix(".json")) for b, n, w in work.claimed if w]
+                + [d.key for d in work.done]
+                + [a.key for a in work.assessed]
+                + work.due
+            )
+            for box, name, where in work.claimed:
                 if where is not None:
-                    self._intake(box, name, where, batch)
-            for item in done:
-                self._finish(item, batch)
-            for back in assessed:
-                self._resume(back, batch)
-            for sandbox, request_id in due:
-                self._expire(sandbox, request_id, batch)
+                    self.stages.intake(box, name, where, batch)
+            for item in work.done:
+                self._in_flight.discard(item.key)
+                self.stages.finish(item, batch)
+            for back in work.assessed:
+                self.stages.resume(back, batch)
+            for sandbox, request_id in work.due:
+                self.stages.expire(sandbox, request_id, batch)
             if reload:
                 recovery.reload(self.ledger, self.lifecycle, batch)
             fault("before_commit")
-        fault("after_commit")
-        self._after_commit(batch)
-
-    def _intake(self, box: Outbox, name: str, where: str, batch: Batch) -> None:
-        """Read and admit one claimed file. A bug met by one request must not stop the
-        others: its part of the transaction is rolled back and it waits in the claim
-        dir for the next start."""
-        mark = batch.mark()
-        try:
-            with self.ledger.savepoint():
-                read = self.claims.read(box, name.removesuffix(".json"), where)
-                if read is not None:
-                    self.admission.admit(read, batch)
-                    self._apply_inline(batch)
-        except Exception:
-            log.exception(
-                "sandbox %s: could not process %r; kept for the next start", box.sandbox, name
-            )
-            batch.rollback(mark)
 
     def _after_commit(self, batch: Batch) -> None:
         for box, name in batch.remove:
@@ -334,73 +373,34 @@ class Broker:
             if not self._closing:
                 self.assessments.submit(record)
 
-    def _mark_synced(self) -> None:
+    def _mark_synced(self) -> list[tuple[str, str, str]]:
         written = self.answers.take_written()
         if written:
             self.ledger.mark_synced(written)
         durable = self.audit.take_durable()
         if durable:
             self.ledger.drop_audit(*durable)
+        return written
+
+    def _overdue(self) -> list[Event]:
+        """Held requests whose work off the loop ran out of time (while the store answers)."""
+        if self.outage.active:
+            return []
+        none: list[Assessed] = []
+        return list(self.outage.attempt(lambda: self.assessments.overdue(self.ledger), none))
 
     # -- applying -----------------------------------------------------------------------
+
+    def apply(self, record: Record) -> Applied:
+        """The one call into a handler (inline, or on a worker)."""
+        return call(self.registry.effect(record.effect or ""), record, self.config, self.started)
 
     def _submit(self, record: Record) -> None:
         if record.key in self._in_flight or self._closing:
             return
         self._in_flight.add(record.key)
-        effect = self.registry.effect(record.effect or "")
-
-        def run() -> None:
-            self.events.put(call(effect, record, self.config, self.started))
-
-        self._workers.submit(record.sandbox, run)
-
-    def _resume(self, done: Assessed, batch: Batch) -> None:
-        record = self.ledger.get(*done.key)
-        if record is None or record.state != "received" or record.sha256 != done.sha256:
-            return
-        mark = batch.mark()
-        try:
-            with self.ledger.savepoint():
-                self.admission.resume(record, done, batch)
-                self._apply_inline(batch)
-        except Exception:
-            log.exception("sandbox %s: could not go on with %s", record.sandbox, record.id)
-            batch.rollback(mark)
-
-    def _apply_inline(self, batch: Batch) -> None:
-        """Fast handlers, safe to repeat, applied in their request's own commit (a crash
-        before it commits reads the claimed file again and applies it again)."""
-        for record in batch.inline:
-            effect = self.registry.effect(record.effect or "")
-            self._finished(record, call(effect, record, self.config, self.started), batch)
-        batch.inline.clear()
-
-    def _finish(self, done: Applied, batch: Batch) -> None:
-        self._in_flight.discard(done.key)
-        record = self.ledger.get(*done.key)
-        if record is None or record.state != "applying":
-            return
-        batch.settled.append(record)
-        self._finished(record, done, batch)
-
-    def _finished(self, record: Record, done: Applied, batch: Batch) -> None:
-        record = self.lifecycle.finish(record, done.status, done.reason, done.output, done.issues)
-        batch.answer.append(record)
-        batch.answer.extend(self.lifecycle.settle_replays(record))
-
-    # -- deadlines ----------------------------------------------------------------------
-
-    def _expire(self, sandbox: str, request_id: str, batch: Batch) -> None:
-        record = self.ledger.get(sandbox, request_id)
-        if record is None or record.state != "pending":
-            return
-        record = self.lifecycle.expire(record)
-        if record.state == "applying":
-            batch.apply.append(record)
-            return
-        batch.answer.append(record)
-        batch.answer.extend(self.lifecycle.settle_replays(record))
+        self.registry.effect(record.effect or "")  # an unknown effect fails here, not there
+        self._workers.submit(record.sandbox, lambda: self.events.put(self.apply(record)))
 
     # -- recovery and control -----------------------------------------------------------
 
@@ -412,7 +412,7 @@ class Broker:
         batch = Batch()
         boxes = list(self.served.boxes.values())
         with self.ledger.transaction():
-            recovery.claimed(boxes, self._intake, batch)
+            recovery.claimed(boxes, self.stages.intake, batch)
             recovery.applies(
                 self.ledger, self.lifecycle, self.registry, self.config, self.started, batch
             )
@@ -421,6 +421,15 @@ class Broker:
             recovery.deadlines(self.ledger, batch)
             recovery.held(self.ledger, self.admission, batch)
         self._after_commit(batch)
+
+    def _recover(self, work: Kept | None = None) -> bool:
+        """`recover`, or an outage that runs it again once the store answers."""
+        try:
+            self.recover()
+        except StoreUnavailable as exc:
+            self.outage.begin(exc, work or Kept(recover=True))
+            return False
+        return True
 
     def _control(self, item: Control) -> None:
         def rescan(sandbox: str) -> None:

@@ -17,12 +17,12 @@ from broker.admission import Admission
 from broker.apply import idempotent
 from broker.batch import Batch
 from broker.config import Config
-from broker.ledger import Ledger
 from broker.lifecycle import Lifecycle
 from broker.marks import StartMarks
 from broker.names import Kind, classify
 from broker.outbox import Outbox
 from broker.registry import Registry
+from broker.store.base import Store
 
 Intake = Callable[[Outbox, str, str, Batch], None]
 """Read and record one claimed file: (box, its request name, its claimed name, batch)."""
@@ -40,7 +40,7 @@ def claimed(boxes: list[Outbox], intake: Intake, batch: Batch) -> None:
 
 
 def applies(
-    ledger: Ledger,
+    ledger: Store,
     lifecycle: Lifecycle,
     registry: Registry,
     config: Config,
@@ -65,7 +65,7 @@ def applies(
             batch.settled.append(record)
 
 
-def reload(ledger: Ledger, lifecycle: Lifecycle, batch: Batch) -> None:
+def reload(ledger: Store, lifecycle: Lifecycle, batch: Batch) -> None:
     """Pick up what other processes changed: decisions, results to (re)write."""
     for record in ledger.unsynced():
         if record.state == "approved":
@@ -78,7 +78,7 @@ def reload(ledger: Ledger, lifecycle: Lifecycle, batch: Batch) -> None:
             batch.answer.append(record)
 
 
-def missing_results(ledger: Ledger, boxes: list[Outbox], batch: Batch) -> None:
+def missing_results(ledger: Store, boxes: list[Outbox], batch: Batch) -> None:
     """Result files lost since they were written (no fsync: a power cut) come back."""
     for box in boxes:
         present = set(os.listdir(box.results_fd))
@@ -89,13 +89,13 @@ def missing_results(ledger: Ledger, boxes: list[Outbox], batch: Batch) -> None:
                     batch.answer.append(record)
 
 
-def held(ledger: Ledger, admission: Admission, batch: Batch) -> None:
+def held(ledger: Store, admission: Admission, batch: Batch) -> None:
     """Requests held for work off the loop (an assessment, a preview) get it again."""
     for record in ledger.in_states(["received"]):
         if record.replay_of is None:
             admission.hold(record, batch)
 
 
-def deadlines(ledger: Ledger, batch: Batch) -> None:
+def deadlines(ledger: Store, batch: Batch) -> None:
     """Every pending request's deadline is watched again."""
     batch.deadlines.extend(ledger.in_states(["pending"]))

@@ -129,11 +129,12 @@ def _attached(start: Callable[[], Any], options: RunOptions, running: str, image
 
 
 def summary(config: Config, sandbox_id: str, code: int) -> str:
-    from broker.ledger import Ledger
+    from broker.fleet import qualify
+    from broker.store.factory import open_store
 
-    ledger = Ledger(config.ledger_path)
+    ledger = open_store(config)
     try:
-        counts = ledger.counts(sandbox_id)
+        counts = ledger.counts(qualify(ledger.host, sandbox_id))
     finally:
         ledger.close()
     parts = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "no requests"

@@ -13,13 +13,14 @@ from collections.abc import Callable
 from broker import ownership
 from broker.config import Config
 from broker.errors import BrokerError, StateBusy
-from broker.ledger import Ledger
+from broker.fleet import qualify
 from broker.models import Record
 from broker.notify import Notifier
 from broker.outbox import from_layout
 from broker.pipeline import Broker
 from broker.policy import Policy
 from broker.registry import Registry
+from broker.store.factory import open_store
 
 log = logging.getLogger("broker.run")
 TAKEOVER_S = 30.0  # how long to try to become the owner when the owner went away
@@ -152,9 +153,9 @@ class Serving:
     def _pending_id(self, request_id: str) -> None:
         if self.on_pending is None:
             return
-        ledger = Ledger(self.config.ledger_path)
+        ledger = open_store(self.config)
         try:
-            record = ledger.get(self.sandbox_id, request_id)
+            record = ledger.get(qualify(ledger.host, self.sandbox_id), request_id)
         finally:
             ledger.close()
         if record is not None:

@@ -1,36 +1,102 @@
-"""How long admission's stages took for each request, for traces (broker.tracing).
+"""The stages one wake-up's transaction runs, each filling the batch for after the
+commit: a claimed file read and admitted, an outcome back from a worker, an
+assessment back from off the loop, a deadline come due.
 
-Set as `Admission.stages` only when tracing is on; off, admission pays one attribute
-test per stage. Times are wall-clock nanoseconds, as spans take them.
+A bug met by one request must not stop the others: its part of the transaction runs
+in a savepoint, rolled back alone, and the request waits for the next start.
 """
 
 from __future__ import annotations
 
-import time
-from collections import OrderedDict
+import logging
+from collections.abc import Callable
 
-from broker.events import Key
+from broker.admission import Admission
+from broker.batch import Batch
+from broker.events import Applied, Assessed
+from broker.intake import Claims
+from broker.lifecycle import Lifecycle
+from broker.models import Record
+from broker.outbox import Outbox
+from broker.store.base import Store
 
-Times = list[tuple[str, int, int]]
-"""(stage, start ns, end ns), in the order measured."""
-REMEMBERED = 100_000  # requests whose times wait for their outcome; the oldest go first
+log = logging.getLogger("broker")
 
 
 class Stages:
-    """Stage times per request until its trace takes them."""
+    """Runs inside the caller's transaction, over the broker's store."""
 
-    def __init__(self) -> None:
-        self._times: OrderedDict[Key, Times] = OrderedDict()
+    def __init__(
+        self,
+        ledger: Store,
+        lifecycle: Lifecycle,
+        claims: Claims,
+        admission: Admission,
+        apply: Callable[[Record], Applied],
+    ) -> None:
+        self.ledger = ledger
+        self.lifecycle = lifecycle
+        self.claims = claims
+        self.admission = admission
+        self.apply = apply  # the one call into a handler, for inline applies
 
-    @staticmethod
-    def start() -> int:
-        return time.time_ns()
+    def intake(self, box: Outbox, name: str, where: str, batch: Batch) -> None:
+        """Read and admit one claimed file; a bug leaves it in the claim dir."""
+        mark = batch.mark()
+        try:
+            with self.ledger.savepoint():
+                read = self.claims.read(box, name.removesuffix(".json"), where)
+                if read is not None:
+                    self.admission.admit(read, batch)
+                    self.apply_inline(batch)
+        except Exception:
+            log.exception(
+                "sandbox %s: could not process %r; kept for the next start", box.sandbox, name
+            )
+            batch.rollback(mark)
 
-    def done(self, key: Key, stage: str, began: int) -> None:
-        """`stage` of request `key` ran from `began` until now."""
-        self._times.setdefault(key, []).append((stage, began, time.time_ns()))
-        while len(self._times) > REMEMBERED:
-            self._times.popitem(last=False)
+    def resume(self, done: Assessed, batch: Batch) -> None:
+        """Work off the loop came back for a held request: carry on with it."""
+        record = self.ledger.get(*done.key)
+        if record is None or record.state != "received" or record.sha256 != done.sha256:
+            return
+        mark = batch.mark()
+        try:
+            with self.ledger.savepoint():
+                self.admission.resume(record, done, batch)
+                self.apply_inline(batch)
+        except Exception:
+            log.exception("sandbox %s: could not go on with %s", record.sandbox, record.id)
+            batch.rollback(mark)
 
-    def take(self, key: Key) -> Times:
-        return self._times.pop(key, [])
+    def apply_inline(self, batch: Batch) -> None:
+        """Fast handlers, safe to repeat, applied in their request's own commit (a crash
+        before it commits reads the claimed file again and applies it again)."""
+        for record in batch.inline:
+            self.finished(record, self.apply(record), batch)
+        batch.inline.clear()
+
+    def finish(self, done: Applied, batch: Batch) -> None:
+        """A worker's outcome, for a request still `applying`."""
+        record = self.ledger.get(*done.key)
+        if record is None or record.state != "applying":
+            return
+        batch.settled.append(record)
+        self.finished(record, done, batch)
+
+    def finished(self, record: Record, done: Applied, batch: Batch) -> None:
+        record = self.lifecycle.finish(record, done.status, done.reason, done.output, done.issues)
+        batch.answer.append(record)
+        batch.answer.extend(self.lifecycle.settle_replays(record))
+
+    def expire(self, sandbox: str, request_id: str, batch: Batch) -> None:
+        """A pending request's deadline passed (a decision may have come first)."""
+        record = self.ledger.get(sandbox, request_id)
+        if record is None or record.state != "pending":
+            return
+        record = self.lifecycle.expire(record)
+        if record.state == "applying":
+            batch.apply.append(record)
+            return
+        batch.answer.append(record)
+        batch.answer.extend(self.lifecycle.settle_replays(record))

@@ -40,7 +40,7 @@ from broker.events import Key
 from broker.models import Record
 from broker.observe import Event
 from broker.render import neutralize
-from broker.stages import Stages
+from broker.stage_times import StageTimes
 
 REMEMBERED = 100_000
 BROKEN = frozenset({"failed", "unknown"})  # the broker or the service went wrong
@@ -80,7 +80,7 @@ class Tracer:
         self.provider.add_span_processor(BatchSpanProcessor(exporter))
         self.tracer = self.provider.get_tracer("broker", __version__)
         self.descriptions = dict(descriptions)
-        self.stages = Stages()  # Admission.stages while tracing is on
+        self.stages = StageTimes()  # Admission.stages while tracing is on
         self._applying: OrderedDict[Key, str] = OrderedDict()
         self._traced: OrderedDict[Key, bool] = OrderedDict()
 

@@ -19,9 +19,9 @@ from broker.audit import event as audit_event
 from broker.config import Config
 from broker.context import context_for
 from broker.errors import DecisionError, EffectFailed
-from broker.ledger import Decision, Ledger, Record
-from broker.models import Preview, canonical, iso, now, sha256_hex
+from broker.models import Decision, Preview, Record, canonical, iso, now, sha256_hex
 from broker.registry import Effect, Registry
+from broker.store.base import Store
 
 HOST_SANDBOX = "host"
 
@@ -33,7 +33,7 @@ class UndoPlan:
     preview: Preview
 
 
-def plan(ledger: Ledger, registry: Registry, config: Config, ref: str) -> UndoPlan:
+def plan(ledger: Store, registry: Registry, config: Config, ref: str) -> UndoPlan:
     """What undoing `ref` would do; refuses clearly when it cannot be done."""
     record = ledger.find(ref)
     where = f"{record.sandbox}/{record.id}"
@@ -60,12 +60,12 @@ def _undo_id(record: Record) -> str:
     return f"undo-{record.sandbox}-{record.id}"[:64]
 
 
-def _undone(ledger: Ledger, record: Record) -> bool:
+def _undone(ledger: Store, record: Record) -> bool:
     done = ledger.get(HOST_SANDBOX, _undo_id(record))
     return done is not None and done.state == "applied"
 
 
-def execute(ledger: Ledger, config: Config, chosen: UndoPlan, who: str) -> Record:
+def execute(ledger: Store, config: Config, chosen: UndoPlan, who: str) -> Record:
     """Revert, recording the reversal as a request of the host; returns its record."""
     original = chosen.record
     stamp = iso(now())
@@ -114,7 +114,7 @@ def execute(ledger: Ledger, config: Config, chosen: UndoPlan, who: str) -> Recor
     return record
 
 
-def reconcile(ledger: Ledger, ref: str, applied: bool, who: str, reason: str | None) -> Record:
+def reconcile(ledger: Store, ref: str, applied: bool, who: str, reason: str | None) -> Record:
     """Record what a person found for an `unknown` request; its result stays as read."""
     with ledger.transaction():
         record = ledger.find(ref)

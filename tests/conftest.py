@@ -12,7 +12,10 @@ from typing import Any
 
 import pytest
 
+from broker.store.base import Store
 from broker.testing import BrokerHarness, FakeHandler
+from tests.pgserver import PgServer
+from tests.stores import BACKENDS, OpenStore, new_database, opener, start_server
 from tests.support import SETTLE_S, Hook, Start
 
 
@@ -101,3 +104,29 @@ def hook() -> Iterator[Hook]:
     server.shutdown()
     server.server_close()
     thread.join(5)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """One real PostgreSQL for the session (initdb + pg_ctl, 127.0.0.1, a free port)."""
+    yield from start_server()
+
+
+@pytest.fixture
+def pg_url(pg_server: PgServer) -> str:
+    """A new, empty database of the session's PostgreSQL (no password in the URL)."""
+    return new_database(pg_server)
+
+
+@pytest.fixture(params=BACKENDS)
+def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> OpenStore:
+    """Opens connections to one store of this test, SQLite or PostgreSQL."""
+    return opener(request.param, tmp_path, lambda: str(request.getfixturevalue("pg_url")))
+
+
+@pytest.fixture
+def store(open_store: OpenStore) -> Iterator[Store]:
+    """A store of this test, on each back end in turn."""
+    opened = open_store()
+    yield opened
+    opened.close()

@@ -1,17 +1,21 @@
-"""The SQLite ledger on its own: transactions, savepoints, lookups, the synced flag,
-the audit queue, and ledgers written by an earlier release."""
+"""The store on its own, on both back ends (SQLite and PostgreSQL): transactions,
+savepoints, lookups, the synced flag, the audit events; and SQLite ledgers written by
+an earlier release."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from broker.audit import AuditLog, verify
 from broker.errors import AmbiguousRequest, RequestNotFound
 from broker.ledger import Ledger
 from broker.models import Record
+from broker.store.base import Store
+from tests.stores import chained_events
 
 
 def row(sandbox: str, rid: str, state: str = "pending", **extra: object) -> Record:
@@ -19,13 +23,11 @@ def row(sandbox: str, rid: str, state: str = "pending", **extra: object) -> Reco
 
 
 @pytest.fixture
-def ledger(tmp_path: Path) -> Iterator[Ledger]:
-    led = Ledger(tmp_path / "ledger.sqlite3")
-    yield led
-    led.close()
+def ledger(store: Store) -> Store:
+    return store
 
 
-def test_a_failed_transaction_leaves_nothing(ledger: Ledger) -> None:
+def test_a_failed_transaction_leaves_nothing(ledger: Store) -> None:
     """An exception inside a transaction rolls every write of it back."""
     with pytest.raises(RuntimeError), ledger.transaction():
         ledger.insert(row("sb", "r1"))
@@ -33,7 +35,7 @@ def test_a_failed_transaction_leaves_nothing(ledger: Ledger) -> None:
     assert ledger.get("sb", "r1") is None
 
 
-def test_a_savepoint_fails_alone(ledger: Ledger) -> None:
+def test_a_savepoint_fails_alone(ledger: Store) -> None:
     """A failing part of a transaction is undone; the rest commits."""
     with ledger.transaction():
         ledger.insert(row("sb", "kept"))
@@ -43,7 +45,7 @@ def test_a_savepoint_fails_alone(ledger: Ledger) -> None:
     assert ledger.get("sb", "kept") is not None and ledger.get("sb", "dropped") is None
 
 
-def test_find_by_id_or_sandbox_and_id(ledger: Ledger) -> None:
+def test_find_by_id_or_sandbox_and_id(ledger: Store) -> None:
     """An id in one sandbox is found alone; in two it must be named SANDBOX/ID."""
     with ledger.transaction():
         ledger.insert(row("a", "same"))
@@ -57,7 +59,7 @@ def test_find_by_id_or_sandbox_and_id(ledger: Ledger) -> None:
         ledger.find("c/same")
 
 
-def test_json_columns_and_flags_read_back(ledger: Ledger) -> None:
+def test_json_columns_and_flags_read_back(ledger: Store) -> None:
     """Outputs, verdicts, previews, what handlers remembered and flags survive a round trip."""
     record = row(
         "sb",
@@ -77,7 +79,7 @@ def test_json_columns_and_flags_read_back(ledger: Ledger) -> None:
     assert again.errors == record.errors and again.seq is not None
 
 
-def test_a_result_marked_synced_for_an_older_state_stays_unsynced(ledger: Ledger) -> None:
+def test_a_result_marked_synced_for_an_older_state_stays_unsynced(ledger: Store) -> None:
     """mark_synced names the state written: a row that moved on meanwhile is written again."""
     with ledger.transaction():
         record = ledger.insert(row("sb", "r1", "pending"))
@@ -89,8 +91,36 @@ def test_a_result_marked_synced_for_an_older_state_stays_unsynced(ledger: Ledger
     assert ledger.unsynced() == []
 
 
-def test_audit_queue_keeps_events_until_the_log_holds_them(ledger: Ledger) -> None:
+def test_audit_events_reach_the_log_once_in_order(ledger: Store, tmp_path: Path) -> None:
+    """Events of a committed transaction reach the log in order, once each; those of a
+    rolled-back one never do."""
+    with ledger.transaction():
+        ledger.queue_audit({"event": "a"})
+        ledger.queue_audit({"event": "b"})
+    with pytest.raises(RuntimeError), ledger.transaction():
+        ledger.queue_audit({"event": "lost"})
+        raise RuntimeError("rolled back")
+    with ledger.transaction():
+        ledger.queue_audit({"event": "c"})
+    assert [e["event"] for e in chained_events(ledger)] == ["a", "b", "c"]
+    log = AuditLog(tmp_path / "audit.jsonl")
+    for _ in range(2):  # a second flush adds nothing
+        sink = ledger.audit_sink(log)
+        sink.flush()
+        sink.sync()
+        durable = sink.take_durable()
+        if durable is not None:
+            with ledger.transaction():
+                ledger.drop_audit(*durable)
+        log = AuditLog(log.path)
+    lines = log.path.read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line)["event"] for line in lines] == ["a", "b", "c"]
+    assert verify(log.path, ledger.audit_head()) == (3, None)
+
+
+def test_sqlite_queue_keeps_events_until_the_log_holds_them(tmp_path: Path) -> None:
     """Queued events are read back in order; dropping them records the log's head."""
+    ledger = Ledger(tmp_path / "ledger.sqlite3")
     with ledger.transaction():
         ledger.queue_audit({"event": "a"})
         ledger.queue_audit({"event": "b"})
@@ -100,6 +130,7 @@ def test_audit_queue_keeps_events_until_the_log_holds_them(ledger: Ledger) -> No
         ledger.drop_audit(backlog[0][0], "h1")
     assert [e["event"] for _, e in ledger.audit_backlog()] == ["b"]
     assert ledger.audit_head() == (backlog[0][0], "h1")
+    ledger.close()
 
 
 def test_a_ledger_from_before_the_seen_column_is_upgraded(tmp_path: Path) -> None:
@@ -129,3 +160,17 @@ def test_a_ledger_from_before_the_seen_column_is_upgraded(tmp_path: Path) -> Non
         assert (ledger.get("sb", "new") or row("", "")).seen == {"k": 1}
     finally:
         ledger.close()
+
+
+def test_text_with_a_nul_character_is_kept(ledger: Store) -> None:
+    """A reason holding NUL (a service's reply) is written, not a failed commit; on
+    PostgreSQL, whose text cannot hold it, U+FFFD stands in its place."""
+    with ledger.transaction():
+        record = ledger.insert(row("sb", "nul", "applying"))
+        ledger.update(record, state="failed", reason="failed: the service said \x00oops")
+    again = ledger.get("sb", "nul")
+    assert again is not None and again.state == "failed"
+    assert again.reason in (
+        "failed: the service said \x00oops",
+        "failed: the service said \ufffdoops",
+    )

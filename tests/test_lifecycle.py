@@ -1,19 +1,19 @@
-"""The request's state machine: every legal transition writes its row and its audit
-event in one transaction; every other move is refused, and terminal states never change."""
+"""The request's state machine, on both stores: every legal transition writes its row and
+its audit event in one transaction; every other move is refused, and terminal states
+never change."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from broker.errors import IllegalTransition, Rejected
-from broker.ledger import Ledger
 from broker.lifecycle import ALLOWED, Lifecycle
 from broker.models import STATUSES, TERMINAL, Record, State, Verdict, canonical, sha256_hex
 from broker.redaction import Redactor
+from broker.store.base import Store
+from tests.stores import chained_events
 
 VERDICT = Verdict(action="approve", rule="rules[0]", reason="people look", timeout_s=60)
 
@@ -35,14 +35,12 @@ def new(rid: str = "r1", key: str | None = None) -> Record:
 
 
 @pytest.fixture
-def life(tmp_path: Path) -> Iterator[Lifecycle]:
-    ledger = Ledger(tmp_path / "ledger.sqlite3")
-    yield Lifecycle(ledger, Redactor(["hunter2"]))
-    ledger.close()
+def life(store: Store) -> Lifecycle:
+    return Lifecycle(store, Redactor(["hunter2"]))
 
 
 def events(life: Lifecycle) -> list[str]:
-    return [e["event"] for _, e in life.ledger.audit_backlog()]
+    return [e["event"] for e in chained_events(life.ledger)]
 
 
 def stored(life: Lifecycle, record: Record) -> Record:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from broker.cli import audit, decide, effects, policy, sandboxes, serve, stats
+from broker.cli import audit, decide, effects, ledger, policy, sandboxes, serve, stats
 from broker.cli.common import err
 from broker.web.cli import app as web_app  # light: no fastapi/uvicorn import
 
@@ -36,6 +36,7 @@ app.add_typer(sandboxes.image_app, name="image")
 app.add_typer(sandboxes.sandbox_app, name="sandbox")
 app.add_typer(web_app, name="web")
 app.add_typer(audit.app, name="audit")
+app.add_typer(ledger.app, name="ledger")
 
 
 def main() -> None:

@@ -1,19 +1,39 @@
-"""`broker audit verify | tail | export`: the audit log, read and checked."""
+"""`broker audit verify | tail | export`: the audit log, read and checked.
+
+With a shared PostgreSQL ledger the chains are there, one per host: `verify` checks
+every host's chain against its recorded head, and this host's local copy against its
+chain; `tail` and `export` read the whole fleet's events, in time order."""
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from datetime import UTC
+from functools import partial
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from broker import audit as audit_log
-from broker.cli.common import ConfigOpt, JsonOpt, StateOpt, config_only, err, fail, guarded, out
+from broker.cli.common import (
+    ConfigOpt,
+    JsonOpt,
+    StateOpt,
+    config_only,
+    err,
+    fail,
+    guarded,
+    open_ledger,
+    out,
+)
 from broker.cli.listing import Column, TsvOpt, choose, show
+from broker.config import Config
 from broker.render import terminal
+
+if TYPE_CHECKING:
+    from broker.store.base import Store
 
 app = typer.Typer(help="Read and verify the audit log.", no_args_is_help=True)
 
@@ -41,6 +61,9 @@ def verify(
 
     cfg = config_only(config, state)
     key = guarded(lambda: audit_settings(cfg)).key
+    if cfg.shared_ledger:
+        _verify_fleet(cfg, key)
+        return
     path = cfg.audit_path
     head = None
     if cfg.ledger_path.exists():
@@ -82,8 +105,9 @@ def tail(
 ) -> None:
     """Show the last events of the audit log."""
     choose(json_out, tsv)
-    path = config_only(config, state).audit_path
-    events = [e for _, e, _ in audit_log.read_events(path) if e is not None]
+    cfg = config_only(config, state)
+    path = cfg.audit_path
+    events = list(_events(cfg))
     events = events[-lines:] if lines > 0 else []
     if json_out:
         for event in events:
@@ -92,7 +116,7 @@ def tail(
         show(TAIL, [_cells(event) for event in events], tsv=True)
     elif not events:
         where = "no audit log at" if not path.exists() else "no audit events in"
-        out.print(f"{where} {terminal(str(path))}")
+        out.print(f"{where} {terminal(str(path))}" if not cfg.shared_ledger else "no audit events")
     else:
         for event in events:  # one line each, as a log reads, never cut
             at, kind, sandbox, rid, effect, detail = (terminal(c) for c in _cells(event))
@@ -117,13 +141,71 @@ def export(
     state: StateOpt = None,
 ) -> None:
     """Write the audit events (JSON lines, with their hashes) since a time to stdout."""
-    path = config_only(config, state).audit_path
+    cfg = config_only(config, state)
+    path = cfg.audit_path
     cutoff = _cutoff(since) if since else None
-    if not path.exists():  # stdout stays the (empty) stream; the person reads stderr
+    if not cfg.shared_ledger and not path.exists():  # stdout stays the (empty) stream
         err.print(f"no audit log at {terminal(str(path))}")
-    for _, event, _raw in audit_log.read_events(path):
-        if event is not None and (cutoff is None or str(event.get("at", "")) >= cutoff):
+    for event in _events(cfg):
+        if cutoff is None or str(event.get("at", "")) >= cutoff:
             sys.stdout.write(json.dumps(event) + "\n")
+
+
+def _events(cfg: Config) -> Iterator[dict[str, Any]]:
+    """The audit events: this state dir's log, or every host's chain in the shared
+    ledger, in time order."""
+    if not cfg.shared_ledger:
+        yield from (e for _, e, _ in audit_log.read_events(cfg.audit_path) if e is not None)
+        return
+    store = open_ledger(cfg)
+    events = [e for _, e, _ in audit_log.parse_lines(guarded(lambda: list(store.audit_lines())))]
+    found = [e for e in events if e is not None]
+    yield from sorted(found, key=lambda e: (str(e.get("at", "")), str(e.get("host", ""))))
+
+
+def _verify_fleet(cfg: Config, key: bytes | None) -> None:
+    """Every host's chain in the shared ledger, then this host's local copy."""
+    store = open_ledger(cfg)
+    chains = guarded(store.audit_chains)
+    if not chains:
+        fail("the shared ledger holds no audit chain yet: has a broker run on it?", code=1)
+    broken = False
+    for host, head in chains.items():
+        lines = guarded(partial(_lines, store, host))
+        count, fault = audit_log.verify_lines(audit_log.parse_lines(lines), head, key)
+        if fault is not None:
+            err.print(
+                f"[bold red]error:[/] host {terminal(host)}: line {fault.line}: {fault.problem}"
+            )
+            broken = True
+        else:
+            out.print(f"host {terminal(host)}: ok, {count} event(s), chain intact")
+    broken = _verify_copy(cfg, store, key) or broken
+    if broken:
+        raise typer.Exit(1)
+
+
+def _lines(store: Store, host: str) -> list[str]:
+    return list(store.audit_lines(host))
+
+
+def _verify_copy(cfg: Config, store: Store, key: bytes | None) -> bool:
+    """Whether this host's local copy is broken (it may lag behind its chain)."""
+    path, host = cfg.audit_path, cfg.host_id()
+    if not path.exists():
+        return False
+    count, fault = audit_log.verify_lines(audit_log.read_events(path), None, key)
+    if fault is None:
+        chain = guarded(partial(_lines, store, host))
+        for number, (_, _, raw) in enumerate(audit_log.read_events(path), 1):
+            if number > len(chain) or chain[number - 1] != raw:
+                fault = audit_log.Fault(number, f"it is not the line host {host}'s chain holds")
+                break
+    if fault is not None:
+        err.print(f"[bold red]error:[/] local copy {path}: line {fault.line}: {fault.problem}")
+        return True
+    out.print(f"local copy {path}: ok, {count} event(s) of host {terminal(host)}'s chain")
+    return False
 
 
 def _cutoff(since: str) -> str | None:

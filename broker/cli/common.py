@@ -22,7 +22,7 @@ from broker.registry import Registry, default_registry
 from broker.render import terminal
 
 if TYPE_CHECKING:
-    from broker.ledger import Ledger
+    from broker.store.base import Store
 
 # no emoji codes: an agent's ":white_check_mark: approved" must print as written
 out = Console(highlight=False, soft_wrap=True, emoji=False)
@@ -87,17 +87,18 @@ def assemble(
     return guarded(build)
 
 
-def open_ledger(cfg: Config) -> Ledger:
-    """The state dir's ledger; one line when no broker has made one there yet."""
-    from broker.ledger import Ledger
+def open_ledger(cfg: Config) -> Store:
+    """The configured store; one line when it does not answer, or when no broker has
+    made a SQLite ledger in the state dir yet."""
+    from broker.store.factory import open_store, store_exists
 
-    if not cfg.ledger_path.exists():
+    if not store_exists(cfg):
         fail(
             f"no broker has used the state dir {cfg.state_dir} yet (it has no "
             f"{cfg.ledger_path.name}); name the right one with --state or --config, "
             "or set BROKER_CONFIG"
         )
-    return guarded(lambda: Ledger(cfg.ledger_path))
+    return guarded(lambda: open_store(cfg))
 
 
 def identity(as_: str | None, cfg: Config) -> str:

@@ -34,7 +34,7 @@ from broker.registry import default_registry
 from broker.render import neutralize, terminal
 
 if TYPE_CHECKING:
-    from broker.ledger import Ledger
+    from broker.store.base import Store
 
 RefArg = Annotated[str, typer.Argument(help="the request's id, or SANDBOX/ID")]
 ShaOpt = Annotated[
@@ -175,7 +175,7 @@ def _decide(
 
 
 def _confirm(
-    ledger: Ledger, ref: str, verdict: str, reason: str | None, sha256: str | None
+    ledger: Store, ref: str, verdict: str, reason: str | None, sha256: str | None
 ) -> str | None:
     """Show the card of a pending request and ask; the decision then binds to the
     sha256 shown (unless --sha256 named one: that is checked as given)."""

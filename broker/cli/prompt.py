@@ -16,7 +16,8 @@ from broker.registry import Registry
 from broker.render import neutralize, terminal
 
 if TYPE_CHECKING:
-    from broker.ledger import Ledger, Record
+    from broker.models import Record
+    from broker.store.base import Store
 
 QUESTION = "approve? [a]pprove, [d]eny, [s]kip (decide elsewhere): "
 VERDICTS = {"a": "approve", "d": "deny"}
@@ -130,9 +131,9 @@ class Prompt:
         self.queue.put(record)
 
     def _run(self) -> None:
-        from broker.ledger import Ledger
+        from broker.store.factory import open_store
 
-        ledger = Ledger(self.cfg.ledger_path)
+        ledger = open_store(self.cfg)
         asked: set[tuple[str, str]] = set()
         while True:
             record = self.queue.get()
@@ -147,7 +148,7 @@ class Prompt:
             except EOFError:  # the terminal is gone: the rest wait for other surfaces
                 return
 
-    def _ask(self, ledger: Ledger, current: Record) -> None:
+    def _ask(self, ledger: Store, current: Record) -> None:
         """Show the card, read a verdict and a reason, and record them."""
         from broker.approval import card, decide_and_wake
 

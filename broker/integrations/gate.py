@@ -144,13 +144,15 @@ def _decision(result: Mapping[str, Any], request: Request, ref: str) -> Decision
 def withdraw(config: Config, paths: sandbox.SandboxPaths, request_id: str) -> None:
     """Deny the request if it still waits (recorded in the ledger and the audit log)."""
     from broker.approval import decide_and_wake
-    from broker.ledger import Ledger
+    from broker.fleet import qualify
+    from broker.store.factory import open_store
 
-    ref = f"{paths.sandbox_id}/{request_id}"
-    ledger = Ledger(config.ledger_path)
+    ledger = open_store(config)
+    sandbox_id = qualify(ledger.host, paths.sandbox_id)
+    ref = f"{sandbox_id}/{request_id}"
     try:
         end = time.monotonic() + RECORD_WAIT_S
-        while (record := ledger.get(paths.sandbox_id, request_id)) is None:
+        while (record := ledger.get(sandbox_id, request_id)) is None:
             if time.monotonic() >= end:
                 _unfile(paths.outbox, request_id)
                 return

@@ -32,9 +32,10 @@ from broker import __version__
 from broker.clock import parse_duration
 from broker.config import Config
 from broker.errors import ConfigError
-from broker.ledger import Ledger
 from broker.registry import Registry
 from broker.slack.settings import slack_settings
+from broker.store.base import Store
+from broker.store.factory import open_store
 from broker.web import api, pages, slack, waiting
 from broker.web.auth import Gate, Sessions, load_approvers
 from broker.web.inbox import Inbox
@@ -106,14 +107,14 @@ def create_app(
     config: Config,
     registry: Registry,
     *,
-    ledger_factory: Callable[[], Ledger] | None = None,
+    ledger_factory: Callable[[], Store] | None = None,
     metrics: Metrics | None = None,
 ) -> FastAPI:
     """The web surface over `config`'s ledger (and `metrics` at /metrics, when given);
     raises ConfigError for a bad [web]/[approvers]."""
     settings = web_settings(config)
     gate = Gate(load_approvers(config.approvers), Sessions(settings.session_ttl_s))
-    inbox = Inbox(config, registry, ledger_factory or (lambda: Ledger(config.ledger_path)))
+    inbox = Inbox(config, registry, ledger_factory or (lambda: open_store(config)))
     chat = slack_settings(config)
     callback = slack.SlackCallback(chat, inbox) if chat is not None else None
 

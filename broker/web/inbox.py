@@ -17,13 +17,14 @@ from broker import approval
 from broker.clock import now, parse_iso
 from broker.config import Config
 from broker.errors import DecisionError, RequestNotFound
-from broker.ledger import Ledger, Record
+from broker.models import Record
 from broker.policy import batch_allowed
 from broker.registry import Registry
 from broker.stats import summarize
+from broker.store.base import Store
 from broker.web.cards import Narrowing, extend
 
-LedgerFactory = Callable[[], Ledger]
+LedgerFactory = Callable[[], Store]
 
 
 State = Literal[
@@ -93,12 +94,12 @@ class Inbox:
         self.config = config
         self.registry = registry
         self._factory = ledger_factory
-        self._idle: queue.LifoQueue[Ledger] = queue.LifoQueue()
+        self._idle: queue.LifoQueue[Store] = queue.LifoQueue()
         self._slots = threading.BoundedSemaphore(size)
         self._closed = False
 
     @contextmanager
-    def ledger(self) -> Iterator[Ledger]:
+    def ledger(self) -> Iterator[Store]:
         """A connection for one request; at most `size` are open at once."""
         with self._slots:
             try:
@@ -167,7 +168,7 @@ class Inbox:
                 raise RequestNotFound(f"no request {request_id!r} in sandbox {sandbox!r}")
             return self._card(ledger, record)
 
-    def _card(self, ledger: Ledger, record: Record) -> dict[str, Any]:
+    def _card(self, ledger: Store, record: Record) -> dict[str, Any]:
         card = approval.card(ledger, record, self.registry)
         received = parse_iso(record.received_at)
         card["age_s"] = round((now() - received).total_seconds(), 1) if received else None
@@ -283,7 +284,7 @@ class Inbox:
         return Picked(pick, True, outcome.settled, status=outcome.record.state)
 
 
-def _why(ledger: Ledger, ref: str, approver: str, sha256: str) -> str:
+def _why(ledger: Store, ref: str, approver: str, sha256: str) -> str:
     """The refusal's code, read back from the ledger."""
     record = ledger.find(ref)
     if record.state != "pending":
