@@ -6,6 +6,7 @@ running broker whose policy would apply anything, through `broker policy explain
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -314,3 +315,13 @@ def test_the_preview_shows_what_the_destination_allows(
     )
     assert facts["methods"] == "any: destination crm lists no methods"
     assert web.log == []
+
+
+def test_the_documented_destination_loads_get_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The crm destination in docs/effects-network.md loads, and takes GET and HEAD only."""
+    text = (Path(__file__).parents[2] / "docs" / "effects-network.md").read_text()
+    block = text.split("## `http.request`", 1)[1].split("```toml", 1)[1].split("```", 1)[0]
+    monkeypatch.setenv("CRM_TOKEN", "t")
+    table = tomllib.loads(block)["integrations"]["http"]
+    crm = settings_from({"destinations": table["destinations"]}).destinations["crm"]
+    assert crm.methods == ("GET", "HEAD") and not crm.allows("POST")
