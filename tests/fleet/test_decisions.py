@@ -160,3 +160,27 @@ def test_an_unreachable_postgresql_stops_the_start_with_one_line(host: MakeHost)
         lines = done.stderr.strip().splitlines()
         assert done.returncode != 0 and len(lines) == 1, done.stderr
         assert "PostgreSQL does not answer" in lines[0] and str(port) in lines[0]
+
+
+def test_a_kill_switch_from_one_host_stops_the_effect_on_every_host(
+    host: MakeHost, receiver: Receiver
+) -> None:
+    """`broker effects disable` on A holds on B at once (NOTIFY): B denies its next
+    request with A's reason, and applies again once A's CLI enables it."""
+    auto = '[[rules]]\neffect = "crashtest.send"\naction = "auto"\nreason = "tests"\n'
+    a, b = host("alpha", auto), host("beta", auto)
+    a.start()
+    b.start()
+    b.write(request("before"))
+    assert b.result("before")["status"] == "applied"
+    done = a.cli("effects", "disable", "crashtest.*", "--reason", "receiver is overloaded")
+    assert done.returncode == 0, done.stderr
+    b.write(request("during"))
+    during = b.result("during")
+    assert during["status"] == "denied" and "receiver is overloaded" in during["reason"]
+    assert receiver.count("beta.default/during") == (0, 0)
+    assert a.cli("effects", "enable", "crashtest.*").returncode == 0
+    b.write(request("after"))
+    assert b.result("after")["status"] == "applied"
+    events = [e["event"] for e in json_lines(b.cli("audit", "export").stdout)]
+    assert "effect_disabled" in events and "effect_enabled" in events
