@@ -20,7 +20,7 @@ from broker.errors import Denied, EffectFailed, Issue, Outcome, Rejected
 from broker.events import Assessed
 from broker.intake import Read
 from broker.lifecycle import Lifecycle
-from broker.models import Record, Request, sha256_hex
+from broker.models import Record, Request, Verdict, sha256_hex
 from broker.names import REQUEST_ID
 from broker.policy import Policy
 from broker.registry import Effect, Registry
@@ -142,6 +142,9 @@ class Admission:
         verdict = self.policy.classify(effect.name, params, bool(record.reversible), protected)
         if self.stages:
             self.stages.done(record.key, "policy", began)
+        if self.config.staged.covers(effect.name):
+            self._stage(record, verdict, preview, batch)
+            return
         if verdict.action == "deny":
             raise PolicyDenied(f"denied by policy ({verdict.rule}): {verdict.reason}", verdict.rule)
         if verdict.action == "auto":
@@ -157,6 +160,18 @@ class Admission:
         batch.answer.append(record)
         batch.deadlines.append(record)
 
+    def _stage(
+        self, record: Record, verdict: Verdict, preview: dict[str, Any] | None, batch: Batch
+    ) -> None:
+        """Staged mode: answered `staged` with the verdict and its preview, which is
+        computed off the loop first (for every verdict); never applied, never parked."""
+        if preview is None:
+            self.hold(record if record.seq is not None else self.lifecycle.hold(record), batch)
+            return
+        record = self.lifecycle.stage(record, verdict, preview)
+        batch.answer.append(record)
+        batch.answer.extend(self.lifecycle.settle_replays(record))
+
     def _check_cap(self, record: Record) -> None:
         cap = self.config.limits.max_pending_per_sandbox
         waiting = self.ledger.count_waiting(record.sandbox) + self.held[record.sandbox]
@@ -170,7 +185,8 @@ class Admission:
     def hold(self, record: Record, batch: Batch) -> None:
         """Queue work off the loop for a held request. One held for its preview is known
         to wait for people, so it counts against the sandbox's pending cap already."""
-        if record.reversible is not None and record.key not in self._counted:
+        staged = self.config.staged.covers(record.effect)  # never waits for people
+        if record.reversible is not None and record.key not in self._counted and not staged:
             self._counted.add(record.key)
             self.held[record.sandbox] += 1
         batch.assess.append(record)
@@ -205,8 +221,10 @@ class Admission:
         if key is None:
             return False
         first = self.ledger.by_idempotency_key(request.sandbox, key)
-        if first is None:
-            return False
+        if first is None or (
+            first.state == "staged" and not self.config.staged.covers(first.effect)
+        ):
+            return False  # a staged request applied nothing: its key binds only staged ones
         same = first.effect == request.effect and first.envelope.get("params") == request.params
         if not same:
             raise Rejected(
@@ -311,7 +329,8 @@ def assess(effect: Effect, record: Record, policy: Policy, config: Config) -> As
             reversible = effect.reversible_for(params, ctx)
         protected = effect.protected_for(params, ctx)
         verdict = policy.classify(effect.name, params, bool(reversible), protected)
-        preview = preview_of(effect, params, ctx, record) if verdict.action == "approve" else None
+        shown = verdict.action == "approve" or config.staged.covers(effect.name)
+        preview = preview_of(effect, params, ctx, record) if shown else None
     except EffectFailed as exc:
         issues = [i.to_json() for i in getattr(exc, "issues", ())]
         return Assessed(record.key, record.sha256 or "", refused=(exc.status, exc.reason, issues))  # type: ignore[arg-type]
