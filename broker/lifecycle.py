@@ -173,7 +173,9 @@ class Lifecycle:
             reason=self.redact(staging.reason(verdict)),
             completed_at=clock.iso(clock.now()),
         )
-        self.audit("staged", record, action=verdict.action, rule=verdict.rule)
+        self.audit(
+            "staged", record, action=verdict.action, rule=verdict.rule, reason=record.reason
+        )
         return record
 
     def replay(self, record: Record, first: Record) -> Record:
