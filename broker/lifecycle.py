@@ -173,9 +173,7 @@ class Lifecycle:
             reason=self.redact(staging.reason(verdict)),
             completed_at=clock.iso(clock.now()),
         )
-        self.audit(
-            "staged", record, action=verdict.action, rule=verdict.rule, reason=record.reason
-        )
+        self.audit("staged", record, action=verdict.action, rule=verdict.rule, reason=record.reason)
         return record
 
     def replay(self, record: Record, first: Record) -> Record:

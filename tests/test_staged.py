@@ -284,8 +284,8 @@ def test_broker_stats_counts_staged_requests(tmp_path: Path, exports: Path) -> N
     assert summary["effects"]["files.write"]["counts"]["auto"] == 0
     assert summary["effects"]["test.record"]["counts"]["auto"] == 1
     assert summary["overall"]["counts"]["staged"] == 2
-    table = stats_cli(h.state).stdout.splitlines()
-    header = table[0].split()
-    row = dict(zip(header, next(line for line in table if line.startswith("files.write")).split()))
+    table = [line.split("\t") for line in stats_cli(h.state, "--tsv").stdout.splitlines()]
+    row = dict(zip(table[0], next(r for r in table if r[0] == "files.write"), strict=True))
     assert row["staged"] == "2" and row["auto"] == "0"
+    assert "staged" in stats_cli(h.state).stdout.splitlines()[0]  # the table's header too
     assert list(exports.rglob("*.txt")) == []
