@@ -153,6 +153,9 @@ class Admission:
         )
         if self.stages:
             self.stages.done(record.key, "policy", began)
+        if self.config.staged.covers(effect.name):
+            self._stage(record, verdict, preview, batch)
+            return
         if verdict.action == "deny":
             raise PolicyDenied(_denial(verdict), verdict.rule)
         if verdict.action == "auto":
@@ -168,6 +171,18 @@ class Admission:
         batch.answer.append(record)
         batch.deadlines.append(record)
 
+    def _stage(
+        self, record: Record, verdict: Verdict, preview: dict[str, Any] | None, batch: Batch
+    ) -> None:
+        """Staged mode: answered `staged` with the verdict and its preview, which is
+        computed off the loop first (for every verdict); never applied, never parked."""
+        if preview is None:
+            self.hold(record if record.seq is not None else self.lifecycle.hold(record), batch)
+            return
+        record = self.lifecycle.stage(record, verdict, preview)
+        batch.answer.append(record)
+        batch.answer.extend(self.lifecycle.settle_replays(record))
+
     def _check_cap(self, record: Record) -> None:
         cap = self.config.limits.max_pending_per_sandbox
         waiting = self.ledger.count_waiting(record.sandbox) + self.held[record.sandbox]
@@ -181,7 +196,8 @@ class Admission:
     def hold(self, record: Record, batch: Batch) -> None:
         """Queue work off the loop for a held request. One held for its preview is known
         to wait for people, so it counts against the sandbox's pending cap already."""
-        if record.reversible is not None and record.key not in self._counted:
+        staged = self.config.staged.covers(record.effect)  # never waits for people
+        if record.reversible is not None and record.key not in self._counted and not staged:
             self._counted.add(record.key)
             self.held[record.sandbox] += 1
         batch.assess.append(record)
@@ -216,8 +232,10 @@ class Admission:
         if key is None:
             return False
         first = self.ledger.by_idempotency_key(request.sandbox, key)
-        if first is None:
-            return False
+        if first is None or (
+            first.state == "staged" and not self.config.staged.covers(first.effect)
+        ):
+            return False  # a staged request applied nothing: its key binds only staged ones
         same = first.effect == request.effect and first.envelope.get("params") == request.params
         if not same:
             raise Rejected(
@@ -333,7 +351,7 @@ def assess(
             verdict, _ = decide(
                 policy, controls, effect.name, params, reversible=reversible, protected=protected
             )
-            wanted = verdict.action == "approve"
+            wanted = verdict.action == "approve" or config.staged.covers(effect.name)
         else:
             protected, wanted = effect.protected_for(params, ctx), True
         preview = preview_of(effect, params, ctx, record) if wanted else None

@@ -27,7 +27,8 @@ class DecisionInfo:
     """Where a request stands once decided: the status and who said so, and why."""
 
     ref: str
-    status: str  # approved | applying | applied | denied | expired | invalid | failed | unknown
+    status: str  # approved | applying | applied | denied | expired | invalid | failed |
+    # unknown | staged (staged mode: nothing applied; `approved` is False)
     decided_by: str | None
     reason: str | None
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from broker import fleet
 from broker.errors import ConfigError
+from broker.staging import OFF, Staged
 
 MiB = 1024 * 1024
 SECRET_WORDS = re.compile(
@@ -36,6 +37,7 @@ BROKER_KEYS = {
     "ledger_password_env",
     "ledger_password_file",
     "host_id",
+    "staged",
 }
 
 
@@ -72,6 +74,7 @@ class Config:
     ledger_url: str | None = None  # postgresql://… (shared by a fleet); None: SQLite
     ledger_refs: Mapping[str, Any] = field(default_factory=dict)  # ledger_password_env|file
     host_id_setting: str | None = None  # [broker] host_id; else derived, kept in the state dir
+    staged: Staged = OFF  # [broker] staged: which effects are staged (broker.staging)
 
     @property
     def shared_ledger(self) -> bool:
@@ -377,6 +380,7 @@ def load_config(
         ledger_url=ledger_url(section),
         ledger_refs={k: v for k, v in section.items() if k.startswith("ledger_password")},
         host_id_setting=fleet.host_id_setting(section.get("host_id")),
+        staged=Staged.parse(section.get("staged", False)),
     )
 
 

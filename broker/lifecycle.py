@@ -7,6 +7,7 @@ and queueing its audit event in the same transaction.
            ├─ hold ───► received ─┬─ deny ──────────► denied
            │                      ├─ auto ──────────► applying
            │                      ├─ park ──────────► pending
+           │                      ├─ stage ─────────► staged (staged mode: nothing applied)
            │                      └─ settle_replay ─► (the first request's outcome)
            ├─ park ─────────────────────────────────► pending
            └─ replay ─► received (waits for its first) | the first's outcome
@@ -26,7 +27,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from broker import clock
+from broker import clock, staging
 from broker.audit import event as audit_event
 from broker.errors import IllegalTransition, Outcome
 from broker.models import TERMINAL, Record, State, Verdict
@@ -157,6 +158,22 @@ class Lifecycle:
             expires_at=record.expires_at,
             on_timeout=on_timeout,
         )
+        return record
+
+    def stage(self, record: Record, verdict: Verdict, preview: dict[str, Any]) -> Record:
+        """Staged mode: validated, classified and previewed, and not applied; the agent
+        reads the verdict that would have applied and the preview. Nobody decided it."""
+        preview = self.redact(preview)
+        record = self._move(
+            record,
+            state="staged",
+            verdict=verdict.to_json(),
+            preview=preview,
+            output=staging.output(verdict, preview),
+            reason=self.redact(staging.reason(verdict)),
+            completed_at=clock.iso(clock.now()),
+        )
+        self.audit("staged", record, action=verdict.action, rule=verdict.rule, reason=record.reason)
         return record
 
     def replay(self, record: Record, first: Record) -> Record:

@@ -41,10 +41,11 @@ State = Literal[
     "invalid",
     "failed",
     "unknown",
+    "staged",  # staged mode: validated, classified and previewed; nothing applied
 ]
 """A request's state in the ledger; `broker.lifecycle` holds the legal moves."""
 TERMINAL: frozenset[State] = frozenset(
-    {"applied", "denied", "expired", "invalid", "failed", "unknown"}
+    {"applied", "denied", "expired", "invalid", "failed", "unknown", "staged"}
 )
 STATUSES: frozenset[State] = TERMINAL | {"pending"}
 

@@ -75,6 +75,7 @@ class Broker:
         ledger: Store | None = None,
         workers: int = 4,
     ) -> None:
+        config.staged.check(registry.names())  # before anything opens: one clear error
         self.config = config
         self.registry = registry
         self.policy = policy

@@ -15,7 +15,7 @@ from typing import Any
 from broker.ledger import Record
 from broker.models import parse_iso
 
-OUTCOMES = ("auto", "approved", "denied", "expired", "invalid", "failed")
+OUTCOMES = ("auto", "approved", "denied", "expired", "invalid", "failed", "staged")
 RUBBER_STAMP_RATE = 0.95
 RUBBER_STAMP_MIN = 20
 POLICY = ("policy", "policy (on_timeout)")
@@ -23,8 +23,8 @@ POLICY = ("policy", "policy (on_timeout)")
 
 def outcome(record: Record) -> str | None:
     """Which of OUTCOMES a request counts under (None while it is undecided)."""
-    if record.state == "invalid":
-        return "invalid"
+    if record.state in ("invalid", "staged"):  # staged: nobody decided, nothing applied
+        return record.state
     if record.state == "expired":
         return "expired"
     if record.state == "failed" and record.decided_by in POLICY:

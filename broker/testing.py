@@ -9,6 +9,9 @@ preview = MyHandler().preview({"path": "a.txt"}, ctx)
 with BrokerHarness(tmp_path, handlers=[FakeHandler("demo.ping")]) as h:
     result = h.submit({"effect": "demo.ping", "params": {}})
     assert result["status"] == "applied"
+
+`BrokerHarness(..., staged=True)` (or `staged=["demo.*"]`) runs it in staged mode: the
+result is `staged`, its output the verdict and the preview, and nothing is applied.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from broker.outbox import attach
 from broker.pipeline import Broker
 from broker.policy import Policy, parse_policy
 from broker.registry import Registry
+from broker.staging import Staged
 from broker.typing import JSON, Params
 from effects.base import Context
 
@@ -181,6 +185,7 @@ class BrokerHarness:
         sandbox: str = "default",
         builtins: bool = True,
         prepare: Callable[[Broker], None] | None = None,
+        staged: Staged | bool = False,
     ) -> None:
         self.base = Path(base)
         self.outbox = self.base / "outbox"
@@ -198,6 +203,7 @@ class BrokerHarness:
             limits=limits or Limits(),
             integrations=dict(integrations or {}),
             rescan_interval_s=2.0,
+            staged=staged if isinstance(staged, Staged) else Staged.parse(staged),
         )
         self.registry.check_config(self.config.integrations)
         if isinstance(policy, Policy):

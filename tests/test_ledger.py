@@ -174,3 +174,20 @@ def test_text_with_a_nul_character_is_kept(ledger: Store) -> None:
         "failed: the service said \x00oops",
         "failed: the service said \ufffdoops",
     )
+
+
+def test_an_idempotency_key_finds_a_real_first_request_before_a_staged_one(
+    ledger: Store,
+) -> None:
+    """A staged request applied nothing: the key's first is the earliest request that was
+    not staged, and a staged one only when no other has the key."""
+    with ledger.transaction():
+        ledger.insert(row("sb", "s1", "staged", idempotency_key="k"))
+    found = ledger.by_idempotency_key("sb", "k")
+    assert found is not None and found.id == "s1"
+    with ledger.transaction():
+        ledger.insert(row("sb", "r1", "applied", idempotency_key="k"))
+        ledger.insert(row("sb", "r2", "applied", idempotency_key="k", replay_of="r1"))
+    found = ledger.by_idempotency_key("sb", "k")
+    assert found is not None and found.id == "r1"
+    assert ledger.by_idempotency_key("other", "k") is None

@@ -85,7 +85,7 @@ def mixed(ledger: Ledger) -> None:
 
 
 def counts(**given: int) -> dict[str, int]:
-    keys = ("auto", "approved", "denied", "expired", "invalid", "failed", "waiting")
+    keys = ("auto", "approved", "denied", "expired", "invalid", "failed", "staged", "waiting")
     return {k: given.get(k, 0) for k in keys}
 
 

@@ -79,6 +79,7 @@ def assemble(
         audit_settings(cfg)  # a broken [audit] stops the start, naming the key
         registry = default_registry()
         registry.check_config(cfg.integrations, cfg.base_dir)
+        cfg.staged.check(registry.names())  # a glob naming no effect would stage nothing
         pol = load_policy(cfg.policy_path, registry.reversibility(), registry.schemas())
         for warning in pol.warnings:
             err.print(f"[yellow]warning:[/] {terminal(pol.source)}: {terminal(warning)}")

@@ -3,6 +3,7 @@ both started by broker.cli.daemon."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -14,6 +15,7 @@ from broker.cli.daemon import Daemon, DaemonArgs, InsecureOpt, ListenOpt, Verbos
 from broker.render import terminal
 
 if TYPE_CHECKING:
+    from broker.config import Config
     from broker.pipeline import Broker
 
 # `broker run -- CMD ARGS`: everything after the options is the sandbox's command
@@ -41,6 +43,14 @@ def serve(
     listen: ListenOpt = None,
     insecure_listen: InsecureOpt = False,
     verbose: VerboseOpt = False,
+    staged: Annotated[
+        bool,
+        typer.Option(
+            "--staged",
+            help="staged mode for every effect: validate, classify and preview each request, "
+            "apply nothing (as [broker] staged = true)",
+        ),
+    ] = False,
 ) -> None:
     """Watch outboxes and answer every request until stopped (Ctrl-C)."""
     args = DaemonArgs(
@@ -56,14 +66,24 @@ def serve(
             fail("--outbox and --results go together")
         if claim is not None and outbox is None:
             fail("--claim goes with --outbox")
+        if staged:
+            from broker.staging import EVERY
+
+            d.cfg = dataclasses.replace(d.cfg, staged=EVERY)
         broker = guarded(lambda: _broker(d, outbox, results, sandbox, root, claim))
         served = ", ".join(sorted(broker.outboxes)) or "none yet"
         d.start(
             wake=broker.wake,
             banner=f"broker: serving sandboxes: {terminal(served)}; "
-            f"state in {d.cfg.state_dir}; Ctrl-C stops",
+            f"state in {d.cfg.state_dir}; Ctrl-C stops{_staged_note(d.cfg)}",
         )
         guarded(lambda: broker.serve(d.stop))
+
+
+def _staged_note(cfg: Config) -> str:
+    if not cfg.staged:
+        return ""
+    return f"; STAGED MODE for {terminal(cfg.staged.describe())}: nothing of it is applied"
 
 
 def _broker(

@@ -57,7 +57,8 @@ def stats(
         out.print(f"no requests recorded{window} in {terminal(str(cfg.state_dir))}")
         return
     rows = [*summary["effects"].items(), ("(all)", summary["overall"])]
-    show(COLUMNS, [_row(name, row) for name, row in rows], tsv=tsv)
+    counts = (*COUNTS, "staged") if summary["overall"]["counts"]["staged"] else COUNTS
+    show(_columns(counts), [_row(name, row, counts) for name, row in rows], tsv=tsv)
     if tsv:
         return
     for name, row in summary["effects"].items():
@@ -65,21 +66,23 @@ def stats(
             out.print(f"[yellow]⚠ {terminal(name)}[/]: {row['advice']}")
 
 
-COLUMNS = (
-    Column("effect", lead=True),  # files.delete and files.write: never cut to "file…"
-    *(Column(k, right=True) for k in COUNTS),
-    Column("approval rate", right=True),
-    Column("median wait", right=True),
-    Column("p90 wait", right=True),
-)
+def _columns(counts: tuple[str, ...]) -> tuple[Column, ...]:
+    """The table's columns; `staged` among the counts only when something was staged."""
+    return (
+        Column("effect", lead=True),  # files.delete and files.write: never cut to "file…"
+        *(Column(k, right=True) for k in counts),
+        Column("approval rate", right=True),
+        Column("median wait", right=True),
+        Column("p90 wait", right=True),
+    )
 
 
-def _row(name: str, row: dict[str, Any]) -> list[str]:
+def _row(name: str, row: dict[str, Any], counts: tuple[str, ...]) -> list[str]:
     n = row["counts"]
     rate = row["approval_rate"]
     return [
         name,
-        *(str(n[k]) for k in COUNTS),
+        *(str(n[k]) for k in counts),
         "-" if rate is None else f"{rate:.0%}",
         age(row["median_time_to_decision_s"]),
         age(row["p90_time_to_decision_s"]),

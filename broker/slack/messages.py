@@ -30,6 +30,7 @@ HEADLINE = {
     "expired": "Expired",
     "failed": "Failed",
     "unknown": "Outcome unknown",
+    "staged": "Staged (nothing applied)",
 }
 ICON = {"applied": "✅", "approved": "✅", "applying": "✅", "denied": "❌", "failed": "❌"}
 

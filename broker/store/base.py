@@ -23,7 +23,7 @@ from dataclasses import fields
 from typing import Any, Protocol
 
 from broker import codec
-from broker.models import Decision, Record
+from broker.models import STATUSES, TERMINAL, Decision, Record
 
 __all__ = [
     "IN_FLIGHT",
@@ -42,8 +42,8 @@ JSON_COLUMNS = frozenset({"errors", "output", "verdict", "preview", "seen"})
 RECORD_FIELDS = [f.name for f in fields(Record)]
 WAITING = ("pending",)
 IN_FLIGHT = ("received", "approved", "applying")
-TERMINAL_SQL = "('applied','denied','expired','invalid','failed','unknown')"
-ANSWERED_SQL = "('pending','applied','denied','expired','invalid','failed','unknown')"
+TERMINAL_SQL = "(" + ",".join(f"'{s}'" for s in sorted(TERMINAL)) + ")"
+ANSWERED_SQL = "(" + ",".join(f"'{s}'" for s in sorted(STATUSES)) + ")"  # a result file
 
 
 def record_from(data: Mapping[str, Any]) -> Record:
@@ -144,7 +144,8 @@ class Store(Protocol):
     def find(self, ref: str) -> Record:
         """A request by `ID` (unambiguous across sandboxes) or `SANDBOX/ID`."""
 
-    def by_idempotency_key(self, sandbox: str, key: str) -> Record | None: ...
+    def by_idempotency_key(self, sandbox: str, key: str) -> Record | None:
+        """The first request with this key (a staged one only when no other has it)."""
 
     def replays_of(self, record: Record) -> list[Record]: ...
 

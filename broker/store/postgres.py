@@ -252,7 +252,7 @@ class PostgresStore(Session):
     def by_idempotency_key(self, sandbox: str, key: str) -> Record | None:
         rows = self.execute(
             "SELECT * FROM requests WHERE sandbox = %s AND idempotency_key = %s "
-            "AND replay_of IS NULL ORDER BY seq LIMIT 1",
+            "AND replay_of IS NULL ORDER BY state = 'staged', seq LIMIT 1",  # a real first wins
             (sandbox, key),
         )
         return record_from(rows[0]) if rows else None

@@ -188,7 +188,7 @@ class SQLiteStore:
     def by_idempotency_key(self, sandbox: str, key: str) -> Record | None:
         row = self._exec(
             "SELECT * FROM requests WHERE sandbox = ? AND idempotency_key = ? "
-            "AND replay_of IS NULL ORDER BY seq LIMIT 1",
+            "AND replay_of IS NULL ORDER BY state = 'staged', seq LIMIT 1",  # a real first wins
             (sandbox, key),
         ).fetchone()
         return _row_to_record(row) if row else None

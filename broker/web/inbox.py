@@ -38,6 +38,7 @@ State = Literal[
     "invalid",
     "failed",
     "unknown",
+    "staged",
 ]
 STATES: tuple[str, ...] = get_args(State)
 

@@ -194,6 +194,7 @@ class Counts(BaseModel):
     expired: int
     invalid: int
     failed: int
+    staged: int = Field(description="answered in staged mode: nothing was applied")
     waiting: int
 
 

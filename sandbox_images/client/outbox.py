@@ -61,7 +61,7 @@ __all__ = [
 ]
 
 VERSION = 1
-TERMINAL = frozenset({"applied", "denied", "expired", "invalid", "failed", "unknown"})
+TERMINAL = frozenset({"applied", "denied", "expired", "invalid", "failed", "unknown", "staged"})
 
 CATALOGUE = ".effects.json"
 """The effect catalogue the broker publishes into ``$RESULTS_DIR`` (read-only here)."""
@@ -137,7 +137,9 @@ def request(
     """Ask the broker for ``effect`` with ``params`` and return its answer.
 
     With ``wait`` (the default) this blocks until the result is terminal (``applied``,
-    ``denied``, ``expired``, ``invalid``, ``failed`` or ``unknown``) and returns it;
+    ``denied``, ``expired``, ``invalid``, ``failed``, ``unknown``, or ``staged`` from a
+    host in staged mode: nothing was applied, ``output`` holds the verdict that would
+    have applied and the preview) and returns it;
     a ``pending`` result keeps it waiting, saying so on stderr (``progress``).
     ``timeout`` is in seconds (None: forever); past it, :class:`OutboxTimeout` is
     raised and the request stays in the broker's hands. With ``wait=False`` it returns

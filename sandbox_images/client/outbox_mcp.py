@@ -7,7 +7,8 @@ is the effect's params schema, its description says whether it can be undone and
 approval it may need. A ``tools/call`` becomes one outbox request; the server waits for
 the terminal result (sending ``notifications/progress`` while it is pending, when the
 call asked for progress) and returns it: ``isError`` for anything but ``applied``,
-with the broker's reason.
+with the broker's reason (a ``staged`` result, from a host in staged mode, is not
+applied either: its reason says so and what the policy would have done).
 
 Standard library only, like outbox.py: the sandbox has no network to install the SDK
 from, and the few methods a tools-only server needs (``initialize``, ``ping``,

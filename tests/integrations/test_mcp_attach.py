@@ -116,3 +116,32 @@ def test_no_catalogue_is_a_clear_error(tmp_path: Path) -> None:
     reply = json.loads(done.stdout)
     assert reply["error"]["code"] == -32603
     assert "no broker serves this sandbox yet" in reply["error"]["message"]
+
+
+def test_a_staged_call_is_an_error_that_says_nothing_was_applied(
+    host: Host, serve: Callable[..., subprocess.Popen[str]]
+) -> None:
+    """`broker serve --staged`: the SDK client gets isError, the reason says nothing was
+    applied and what the policy would have done, the preview is in the structured result;
+    no file is written. The banner says staged mode is on."""
+    host.policy(scenario.POLICY)
+    outbox, results = host.base / "outbox", host.base / "results"
+    outbox.mkdir()
+    serve("--staged", "--outbox", str(outbox), "--results", str(results), "--sandbox", "agent")
+    env = scenario.client_env(outbox, results)
+
+    async def run() -> None:
+        async with scenario.session(SERVER, env) as client:
+            result = await client.call_tool("files.write", {"path": "a.txt", "content": "one"})
+            assert result.is_error is True
+            text = scenario.text_of(result)
+            assert text.startswith("staged: staged: this host runs in staged mode"), text
+            assert "the policy would apply it automatically" in text
+            out = (result.structured_content or {})["output"]
+            assert out["staged"] is True and out["verdict"]["action"] == "auto"
+            assert out["preview"]["body"] == "one"
+
+    asyncio.run(run())
+    assert list(host.exports.rglob("a.txt")) == []
+    banner = (host.base / "serve-0.log").read_text()
+    assert "STAGED MODE for every effect: nothing of it is applied" in banner
