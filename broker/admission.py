@@ -16,8 +16,10 @@ from broker.batch import Batch
 from broker.canonical import canonical_request
 from broker.config import Config
 from broker.context import Memo, context_for
+from broker.controls import LiveControls
 from broker.errors import Denied, EffectFailed, Issue, Outcome, Rejected
 from broker.events import Assessed
+from broker.gate import decide, ledger_history
 from broker.intake import Read
 from broker.lifecycle import Lifecycle
 from broker.models import Record, Request, Verdict, sha256_hex
@@ -68,6 +70,7 @@ class Admission:
         self.validator = validator
         self.lifecycle = lifecycle
         self.ledger: Store = lifecycle.ledger
+        self.controls = LiveControls(self.ledger)  # kill switch, remembered rules
         self.stages: StageTimes | None = None  # stage times for traces (broker.tracing); None: off
         self.held: Counter[str] = Counter()  # per sandbox: held for a preview
         self._counted: set[tuple[str, str]] = set()
@@ -149,12 +152,19 @@ class Admission:
         effect = self.registry.effect(record.effect or "")
         record = record.evolve(facts=request_facts(protected))  # recorded with the verdict
         began = self.stages.start() if self.stages else 0
-        verdict = self.policy.classify(effect.name, params, bool(record.reversible), protected)
+        verdict, _ = decide(
+            self.policy,
+            self.controls,
+            effect.name,
+            params,
+            reversible=bool(record.reversible),
+            protected=protected,
+            history=ledger_history(self.ledger, record.sandbox, record.id),
+        )
         if self.stages:
             self.stages.done(record.key, "policy", began)
         if verdict.action == "deny":
-            why = f"denied by policy ({verdict.rule}): {verdict.reason}"
-            raise PolicyDenied(why, verdict.rule, verdict, record.facts)
+            raise PolicyDenied(_denial(verdict), verdict.rule, verdict, record.facts)
         if verdict.action == "auto":
             inline = effect.inline and _safe_to_repeat(effect, record, self.config)
             record = self.lifecycle.auto(record, verdict, write=not inline)
@@ -318,9 +328,18 @@ def request_facts(protected: tuple[str, ...] | list[str]) -> dict[str, Any]:
     return {"protected": list(protected)}
 
 
-def assess(effect: Effect, record: Record, policy: Policy, config: Config) -> Assessed:
+def assess(
+    effect: Effect,
+    record: Record,
+    policy: Policy,
+    config: Config,
+    controls: LiveControls | None = None,
+) -> Assessed:
     """Off the loop: a held request's reversibility (if unknown) and, when people must
-    decide, its preview. Never raises: what went wrong travels in the event."""
+    decide, its preview. Never raises: what went wrong travels in the event.
+
+    A request held with its reversibility known was held for a preview: it gets one. Else
+    the verdict without the sandbox's history (the loop reads that) says whether."""
     memo = Memo(record.seen)
     ctx = context_for(config, record, memo)
     params = record.envelope["params"]
@@ -328,9 +347,14 @@ def assess(effect: Effect, record: Record, policy: Policy, config: Config) -> As
     try:
         if reversible is None:
             reversible = effect.reversible_for(params, ctx)
-        protected = effect.protected_for(params, ctx)
-        verdict = policy.classify(effect.name, params, bool(reversible), protected)
-        preview = preview_of(effect, params, ctx, record) if verdict.action == "approve" else None
+            protected = effect.protected_for(params, ctx)
+            verdict, _ = decide(
+                policy, controls, effect.name, params, reversible=reversible, protected=protected
+            )
+            wanted = verdict.action == "approve"
+        else:
+            protected, wanted = effect.protected_for(params, ctx), True
+        preview = preview_of(effect, params, ctx, record) if wanted else None
     except EffectFailed as exc:
         issues = [i.to_json() for i in getattr(exc, "issues", ())]
         return Assessed(record.key, record.sha256 or "", refused=(exc.status, exc.reason, issues))  # type: ignore[arg-type]
@@ -365,6 +389,12 @@ def _no_preview(effect: str, why: str) -> dict[str, Any]:
         "body_kind": "text",
         "facts": [],
     }
+
+
+def _denial(verdict: Verdict) -> str:
+    if verdict.rule.startswith("disabled:"):  # the kill switch's own sentence
+        return verdict.reason
+    return f"denied by policy ({verdict.rule}): {verdict.reason}"
 
 
 class _Refused(Outcome):

@@ -11,6 +11,7 @@ import queue
 from broker.admission import assess
 from broker.apply import Job, Workers
 from broker.config import Config
+from broker.controls import LiveControls
 from broker.events import Assessed, Event, Key
 from broker.models import Record
 from broker.policy import Policy
@@ -30,10 +31,12 @@ class Assessments:
         policy: Policy,
         events: queue.Queue[Event],
         threads: int,
+        controls: LiveControls | None = None,
     ) -> None:
         self.config = config
         self.registry = registry
         self.policy = policy
+        self.controls = controls  # read from the pool's threads: replaced whole, never edited
         self.events = events
         self._pool = Workers(threads=threads, name="broker-assess")
         self._jobs: dict[Key, Job] = {}
@@ -50,7 +53,7 @@ class Assessments:
         effect = self.registry.effect(record.effect or "")
 
         def run() -> None:
-            self.events.put(assess(effect, record, self.policy, self.config))
+            self.events.put(assess(effect, record, self.policy, self.config, self.controls))
 
         self._jobs[record.key] = self._pool.submit(
             record.sandbox, run, self.config.preview_timeout_s

@@ -102,6 +102,10 @@ class DecisionError(BrokerError):
     """A decision cannot be recorded (stale sha256, request not pending, …)."""
 
 
+class ControlError(BrokerError):
+    """A kill switch or a remembered rule cannot be changed as asked."""
+
+
 @dataclass(frozen=True)
 class Issue:
     """One thing wrong with a request: a JSON-pointer path, a code and a sentence."""

@@ -39,7 +39,7 @@ ALLOWED: dict[State | None, frozenset[State]] = {
     None: _FIRST | TERMINAL,  # terminal: invalid, denied, or a replay's copied outcome
     "received": _FIRST - {"received"} | TERMINAL,
     "pending": frozenset({"approved", "denied", "expired", "applying"}),
-    "approved": frozenset({"applying"}),
+    "approved": frozenset({"applying", "denied"}),  # denied: its effect was switched off
     "applying": frozenset({"applied", "failed", "invalid", "unknown"}),
     **{state: frozenset() for state in TERMINAL},
 }
@@ -239,6 +239,13 @@ class Lifecycle:
             ),
         )
         self.audit("expired", record, reason=record.reason)
+        return record
+
+    def halt(self, record: Record, reason: str) -> Record:
+        """Approved, but its effect was disabled before it was applied (a kill switch)."""
+        stamp = clock.iso(clock.now())
+        record = self._move(record, state="denied", completed_at=stamp, reason=reason)
+        self.audit("denied", record, stamp, by="kill switch", reason=reason)
         return record
 
     # -- applying ---------------------------------------------------------------------

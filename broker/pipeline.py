@@ -101,7 +101,9 @@ class Broker:
         self.events: queue.Queue[Event] = queue.Queue()
         self.backlog = Backlog()
         self._workers = Workers(threads=workers)
-        self.assessments = Assessments(config, registry, policy, self.events, workers)
+        self.assessments = Assessments(
+            config, registry, policy, self.events, workers, self.admission.controls
+        )
         self._in_flight: set[tuple[str, str]] = set()
         self.deadlines = Deadlines()
         self.consumed = intake.Consumed()
@@ -155,6 +157,7 @@ class Broker:
         self._control_server.start()
         # decisions others commit on this host's requests wake the loop (shared store)
         self._listener = self.ledger.listen(lambda: self.events.put(Reload()))
+        self.admission.controls.refresh()
         self._recover()
         self.served.watch(self.events)
         # now that every watch is in place: read what is there and reload decisions
@@ -330,6 +333,8 @@ class Broker:
     def _commit(self, work: Kept, reload: bool, batch: Batch) -> None:
         """The wake-up's one transaction (group commit)."""
         with self.ledger.transaction():
+            if reload:  # a kill switch or an accepted rule holds from this request on
+                self.admission.controls.refresh()
             work.written = self._mark_synced()
             self.ledger.prefetch(  # the rows this wake-up reads, at once (a shared store)
                 [(b.sandbox, n.removesuffix(".json")) for b, n, w in work.claimed if w]
@@ -348,7 +353,7 @@ class Broker:
             for sandbox, request_id in work.due:
                 self.stages.expire(sandbox, request_id, batch)
             if reload:
-                recovery.reload(self.ledger, self.lifecycle, batch)
+                recovery.reload(self.ledger, self.lifecycle, batch, self.admission.controls)
             fault("before_commit")
 
     def _after_commit(self, batch: Batch) -> None:

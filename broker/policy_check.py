@@ -22,33 +22,55 @@ from typing import Any
 
 from broker.errors import PolicyError
 
-__all__ = ["check_rules", "shadowed"]
+__all__ = ["check_limits", "check_rules", "shadowed"]
 
 Schemas = Mapping[str, Mapping[str, Any]]
 
 
 def check_rules(rules: Sequence[Any], schemas: Schemas, source: str) -> list[str]:
-    """Refuse rules naming unknown effects or params; return warnings (shadowed rules)."""
+    """Refuse rules naming unknown effects or params (in `when` and in `after`); return
+    warnings (shadowed rules)."""
     names = sorted(schemas)
     for rule in rules:
         where = f"{source}: {rule.label}"
-        matched = [n for n in names if fnmatchcase(n, rule.effect)]
-        if not matched:
-            raise PolicyError(
-                f"{where}.effect: no registered effect matches {rule.effect!r}"
-                + _hint(rule.effect, names)
-                + " (`broker effects` lists them)"
-            )
-        for key in rule.when:
-            if not any(_has(schemas[n], key.split("."), schemas[n]) for n in matched):
-                known = sorted({k for n in matched for k in _keys(schemas[n], key)})
-                last = key.rsplit(".", 1)[-1]
-                raise PolicyError(
-                    f"{where}.when.{key}: {', '.join(matched[:3])} has no param {key!r}"
-                    + _hint(last, known)
-                    + "; the rule would never match"
-                )
+        matched = _effects(f"{where}.effect", rule.effect, names)
+        _check_when(f"{where}.when", rule.when, matched, schemas)
+        for n, after in enumerate(rule.after):
+            here = f"{where}.after" + (f"[{n}]" if len(rule.after) > 1 else "")
+            earlier = _effects(f"{here}.effect", after.effect, names)
+            _check_when(f"{here}.when", after.when, earlier, schemas)
     return [line for line in shadowed(rules, names)]
+
+
+def check_limits(limits: Sequence[Any], schemas: Schemas, source: str) -> None:
+    """Refuse a limit whose effect glob matches no registered effect."""
+    for limit in limits:
+        _effects(f"{source}: {limit.label}.effect", limit.effect, sorted(schemas))
+
+
+def _effects(where: str, glob: str, names: Sequence[str]) -> list[str]:
+    matched = [n for n in names if fnmatchcase(n, glob)]
+    if not matched:
+        raise PolicyError(
+            f"{where}: no registered effect matches {glob!r}"
+            + _hint(glob, names)
+            + " (`broker effects` lists them)"
+        )
+    return matched
+
+
+def _check_when(
+    where: str, when: Mapping[str, Any], matched: Sequence[str], schemas: Schemas
+) -> None:
+    for key in when:
+        if not any(_has(schemas[n], key.split("."), schemas[n]) for n in matched):
+            known = sorted({k for n in matched for k in _keys(schemas[n], key)})
+            last = key.rsplit(".", 1)[-1]
+            raise PolicyError(
+                f"{where}.{key}: {', '.join(matched[:3])} has no param {key!r}"
+                + _hint(last, known)
+                + "; the rule would never match"
+            )
 
 
 def _hint(word: str, choices: Sequence[str]) -> str:
@@ -133,7 +155,12 @@ def shadowed(rules: Sequence[Any], names: Sequence[str]) -> list[str]:
         theirs = {n for n in names if fnmatchcase(n, later.effect)}
         for earlier in rules[:j]:
             mine = {n for n in names if fnmatchcase(n, earlier.effect)}
-            if theirs and theirs <= mine and _covers(earlier.when, later.when):
+            if (
+                theirs
+                and theirs <= mine
+                and _covers(earlier.when, later.when)
+                and (not earlier.after or earlier.after == later.after)
+            ):
                 warnings.append(
                     f"{later.label} never decides: {earlier.label} comes first and matches "
                     "every request it matches; move it up or remove it"

@@ -17,6 +17,7 @@ from broker.admission import Admission
 from broker.apply import idempotent
 from broker.batch import Batch
 from broker.config import Config
+from broker.controls import LiveControls
 from broker.lifecycle import Lifecycle
 from broker.marks import StartMarks
 from broker.names import Kind, classify
@@ -65,10 +66,16 @@ def applies(
             batch.settled.append(record)
 
 
-def reload(ledger: Store, lifecycle: Lifecycle, batch: Batch) -> None:
-    """Pick up what other processes changed: decisions, results to (re)write."""
+def reload(
+    ledger: Store, lifecycle: Lifecycle, batch: Batch, controls: LiveControls | None = None
+) -> None:
+    """Pick up what other processes changed: decisions, results to (re)write. An
+    approved request whose effect was switched off since is denied, not applied."""
     for record in ledger.unsynced():
-        if record.state == "approved":
+        switch = controls.disabled(record.effect or "") if controls else None
+        if record.state == "approved" and switch is not None:
+            batch.answer.append(lifecycle.halt(record, switch.denial(record.effect or "")))
+        elif record.state == "approved":
             batch.apply.append(lifecycle.start(record))
         elif record.replay_of and not record.terminal:
             first = ledger.get(record.sandbox, record.replay_of)

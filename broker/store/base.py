@@ -186,6 +186,29 @@ class Store(Protocol):
 
     def all_decisions(self) -> list[Decision]: ...
 
+    # -- what people change on running brokers (broker.controls) -------------------
+
+    def controls(self, kind: str) -> dict[str, dict[str, Any]]:
+        """Every entry of one kind of control ("switch", "rule", "proposal"), by key."""
+        ...
+
+    def put_control(self, kind: str, key: str, value: Mapping[str, Any] | None) -> None:
+        """Set (None: remove) one entry and bump `policy_generation`, in the current
+        transaction; a shared store wakes every broker when it commits."""
+
+    def next_control_key(self, kind: str) -> str:
+        """The next free number among one kind's keys (inside a transaction)."""
+        ...
+
+    def policy_generation(self) -> int:
+        """How many times the controls changed: a running broker reloads when it moves."""
+        ...
+
+    def history(self, sandbox: str) -> list[Record]:
+        """A sandbox's requests that reached the policy (no `invalid`, no replays),
+        oldest first: what quotas and history conditions count."""
+        ...
+
     # -- the audit queue -----------------------------------------------------------
 
     def queue_audit(self, event: dict[str, Any]) -> None:

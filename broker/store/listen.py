@@ -1,7 +1,7 @@
 """LISTEN/NOTIFY: a change another process commits to this host's requests (a decision
-taken on any host) wakes this host's broker at once, not at its next rescan. A
-dedicated connection, in a thread; after a lost connection it reconnects and calls
-`on_change` once, for what it may have missed."""
+taken on any host), or to the controls every host obeys, wakes this host's broker at
+once, not at its next rescan. A dedicated connection, in a thread; after a lost
+connection it reconnects and calls `on_change` once, for what it may have missed."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from broker.store.pg_schema import CHANNEL
+from broker.store.pg_schema import CHANNEL, EVERY_HOST
 
 log = logging.getLogger("broker.listen")
 RETRY_S = 1.0
@@ -46,7 +46,7 @@ class PgListener:
                         self._on_change()
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=0.5):
-                            if note.payload == self.host:
+                            if note.payload in (self.host, EVERY_HOST):
                                 self._on_change()
             except psycopg.Error:
                 self._ready.set()

@@ -83,6 +83,12 @@ CREATE TABLE IF NOT EXISTS brokers (
     renewed TIMESTAMPTZ NOT NULL,
     expires TIMESTAMPTZ NOT NULL
 );
+CREATE TABLE IF NOT EXISTS controls (
+    kind TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (kind, key)
+);
 CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -93,7 +99,9 @@ UPGRADES = {
 }
 """What takes a database made at the version before each one to it."""
 CHANNEL = "broker_changes"
-"""NOTIFY channel; the payload is the host id whose requests changed."""
+"""NOTIFY channel; the payload is the host id whose requests changed, or EVERY_HOST."""
+EVERY_HOST = "*"
+"""The payload of a change every broker must see (a kill switch, an accepted rule)."""
 
 
 def ensure(conn: psycopg.Connection[Any]) -> None:

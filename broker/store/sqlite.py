@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -356,6 +356,44 @@ class SQLiteStore:
         from broker.audit import AuditWriter
 
         return AuditWriter(self, log, checkpoints=checkpoints)
+
+    # -- controls -------------------------------------------------------------------
+
+    def controls(self, kind: str) -> dict[str, dict[str, Any]]:
+        rows = self._exec("SELECT key, value FROM controls WHERE kind = ?", (kind,)).fetchall()
+        return {str(r[0]): codec.loads(r[1]) for r in rows}
+
+    def put_control(self, kind: str, key: str, value: Mapping[str, Any] | None) -> None:
+        with self.transaction():
+            if value is None:
+                self._exec("DELETE FROM controls WHERE kind = ? AND key = ?", (kind, key))
+            else:
+                self._exec(
+                    "INSERT OR REPLACE INTO controls (kind, key, value) VALUES (?, ?, ?)",
+                    (kind, key, _dump(dict(value))),
+                )
+            self._exec(
+                "INSERT INTO meta (key, value) VALUES ('policy_generation', '1') "
+                "ON CONFLICT (key) DO UPDATE SET value = CAST(value AS INTEGER) + 1"
+            )
+
+    def next_control_key(self, kind: str) -> str:
+        row = self._exec(
+            "SELECT MAX(CAST(key AS INTEGER)) FROM controls WHERE kind = ?", (kind,)
+        ).fetchone()
+        return str((row[0] or 0) + 1)
+
+    def policy_generation(self) -> int:
+        row = self._exec("SELECT value FROM meta WHERE key = 'policy_generation'").fetchone()
+        return int(row[0]) if row else 0
+
+    def history(self, sandbox: str) -> list[Record]:
+        rows = self._exec(
+            "SELECT * FROM requests WHERE sandbox = ? AND replay_of IS NULL "
+            "AND state != 'invalid' ORDER BY seq",
+            (sandbox,),
+        ).fetchall()
+        return [_row_to_record(r) for r in rows]
 
     # -- the fleet: nothing to share ---------------------------------------------
 

@@ -13,11 +13,15 @@ Settings, `[integrations.http]` (all optional):
     headers = { Accept = "application/json" }
     secret_headers = { Authorization = { value_env = "CRM_TOKEN", prefix = "Bearer " } }
     allow_networks = ["10.1.2.0/24"]    # only for requests to this destination
+    methods = ["GET", "HEAD"]           # optional: the only methods sent to its origin
 
 The agent sends `{"method": "GET", "url": "https://..."}` or
 `{"method": "GET", "destination": "crm", "path": "/v2/contacts"}`; a destination's
 headers are added host-side, and its secret headers only ever go to its own origin
-(never along a redirect elsewhere). Every connection passes `effects.netguard`.
+(never along a redirect elsewhere). A destination with `methods` takes no other: a
+request through it, a raw URL at its origin and a redirect hop there with another
+method are refused (absent: every method in the schema). Every connection passes
+`effects.netguard`.
 
 Modules, one per concern:
 
@@ -31,10 +35,11 @@ from __future__ import annotations
 
 from effects.http.calls import FRAMING_HEADERS, SAFE_METHODS, Call, build_call
 from effects.http.handler import HttpRequest
-from effects.http.settings import Destination, HttpSettings, settings_from
+from effects.http.settings import METHODS, Destination, HttpSettings, settings_from
 
 __all__ = [
     "FRAMING_HEADERS",
+    "METHODS",
     "SAFE_METHODS",
     "Call",
     "Destination",

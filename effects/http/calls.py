@@ -10,7 +10,7 @@ import httpx
 
 from broker.errors import InvalidParams
 from broker.typing import Params
-from effects.http.settings import Destination, HttpSettings
+from effects.http.settings import METHODS, Destination, HttpSettings
 from effects.netguard import IPNetwork, parse_url, same_origin
 from effects.netguard.urls import ENCODED_SEPARATORS
 
@@ -93,9 +93,43 @@ def _target_url(params: Params, settings: HttpSettings) -> tuple[httpx.URL, Dest
     return url, dest
 
 
+def bound_by(url: httpx.URL, settings: HttpSettings, dest: Destination | None) -> list[Destination]:
+    """The destinations whose `methods` bind a request to `url`: `dest` itself at its own
+    origin (where its credentials go); elsewhere every destination at that origin."""
+    if dest is not None and same_origin(url, dest.base):
+        return [dest]
+    return [d for d in settings.destinations.values() if same_origin(url, d.base)]
+
+
+def method_refusal(
+    method: str, url: httpx.URL, settings: HttpSettings, dest: Destination | None
+) -> str | None:
+    """Why `method` may not be sent to `url`, or None. A request through a destination
+    takes its methods; a URL at a destination's origin (a raw URL, a redirect hop) takes
+    what the destinations there allow between them, so GET-only stays GET-only."""
+    bound = bound_by(url, settings, dest)
+    if not bound or any(d.allows(method) for d in bound):
+        return None
+    allowed = ", ".join(m for m in METHODS if any(d.allows(m) for d in bound))
+    if dest is not None and bound == [dest]:
+        return (
+            f"destination {dest.name} allows {allowed}; {method} is not allowed: use one "
+            "of them or ask for another destination"
+        )
+    names = ", ".join(d.name for d in bound)
+    origin = f"{url.scheme}://{url.netloc.decode('ascii')}"
+    return (
+        f"{origin} is the host's destination {names}, which allows {allowed}; {method} is "
+        "not allowed there: use one of them or ask for another destination"
+    )
+
+
 def build_call(params: Params, settings: HttpSettings) -> Call:
     """Check params against the host's settings; InvalidParams says what to fix."""
     url, dest = _target_url(params, settings)
+    refused = method_refusal(params["method"], url, settings, dest)
+    if refused is not None:
+        raise InvalidParams("/params/method", refused, "method_not_allowed")
     if params.get("query"):
         url = url.copy_merge_params(params["query"])
     reserved = dest.headers.names if dest else frozenset()

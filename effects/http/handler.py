@@ -16,9 +16,9 @@ from broker.masking import Masker
 from broker.models import Preview
 from broker.typing import JSON, Params
 from effects.base import Context, Handler
-from effects.http.calls import SAFE_METHODS, Call, build_call
+from effects.http.calls import SAFE_METHODS, Call, bound_by, build_call, method_refusal
 from effects.http.responses import output
-from effects.http.settings import HttpSettings, settings_from
+from effects.http.settings import METHODS, HttpSettings, settings_from
 from effects.netguard import (
     HTTPX_ERRORS,
     MASK,
@@ -145,6 +145,7 @@ class HttpRequest(Handler):
                 if call.destination
                 else "none: a URL from the request, no credentials added",
             ),
+            ("methods", _methods_fact(settings, call)),
             ("address", address),
             (
                 "redirects",
@@ -210,8 +211,27 @@ class HttpRequest(Handler):
                 response.status_code in (301, 302) and method == "POST"
             ):
                 method = "GET"
+            refused = method_refusal(method, url, settings, call.destination)
+            if refused is not None:  # a 307/308 keeps the method, wherever it points
+                where = Masker(call.secrets).text(location)
+                raise DestinationRefused(
+                    f"failed: refused to follow the redirect to {where}: {refused}"
+                )
             hops.append(str(url))
         masker = Masker(call.secrets)
         # read past the cap by the longest secret form: mask first, then cut
         reply = read_capped(response, settings.max_bytes + masker.longest, deadline)
         return output(reply, url, hops, masker, settings.max_bytes)
+
+
+def _methods_fact(settings: HttpSettings, call: Call) -> str:
+    """What the host lets this request's target take, as a reviewer should read it."""
+    bound = bound_by(call.url, settings, call.destination)
+    if not bound:
+        return "any: a URL from the request, at no destination's origin"
+    open_ = [d.name for d in bound if d.methods is None]
+    if open_:
+        return f"any: destination {', '.join(open_)} lists no methods"
+    allowed = [m for m in METHODS if any(d.allows(m) for d in bound)]
+    names = ", ".join(d.name for d in bound)
+    return f"{', '.join(allowed)} only (destination {names}); no other is sent there"

@@ -1,5 +1,5 @@
 """`[integrations.http]`, checked: the limits, the extra CA, and the destinations the
-host names (base URL, headers, secret headers, networks of their own)."""
+host names (base URL, headers, secret headers, networks and methods of their own)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ from effects.netguard import (
     parse_url,
 )
 
-DESTINATION_KEYS = frozenset({"base_url", "headers", "secret_headers", "allow_networks"})
+DESTINATION_KEYS = frozenset({"base_url", "headers", "secret_headers", "allow_networks", "methods"})
+# every method http.request sends (its schema's enum), in the order they are listed
+METHODS = ("GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE")
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,10 @@ class Destination:
     base: httpx.URL
     headers: Headers
     allow: tuple[IPNetwork, ...] = ()
+    methods: tuple[str, ...] | None = None  # None: any method http.request sends
+
+    def allows(self, method: str) -> bool:
+        return self.methods is None or method in self.methods
 
 
 @dataclass(frozen=True)
@@ -104,4 +110,22 @@ def _destination(name: str, spec: Any, secret: Secret) -> Destination:
             spec, where, lambda key: secret(f"{Settings.key('destinations', name)}.{key}")
         ),
         allow=parse_networks(spec.get("allow_networks"), f"{where}.allow_networks"),
+        methods=_methods(spec.get("methods"), f"{where}.methods"),
     )
+
+
+def _methods(value: Any, where: str) -> tuple[str, ...] | None:
+    """`methods = ["GET", "head"]`: upper case, in METHODS order; absent is None (any)."""
+    if value is None:
+        return None
+    listed = ", ".join(METHODS)
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{where}: expected a non-empty list of methods from {listed}")
+    given = set()
+    for item in value:
+        if not isinstance(item, str) or item.upper() not in METHODS:
+            raise ConfigError(
+                f"{where}: {item!r} is not a method http.request sends (one of {listed})"
+            )
+        given.add(item.upper())
+    return tuple(m for m in METHODS if m in given)

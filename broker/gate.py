@@ -1,0 +1,54 @@
+"""The one place a request's verdict is computed: the kill switch, then the policy (its
+rules, the remembered rules people accepted, the sandbox's quotas and history,
+protected paths). Admission, `broker policy explain` and `broker policy replay` all ask
+here, so what they say is what the broker does."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from broker.controls import LiveControls
+from broker.history import NO_HISTORY, History, past_of
+from broker.models import Record, Verdict
+from broker.policy import Policy
+from broker.store.base import Store
+
+__all__ = ["decide", "ledger_history", "records_history"]
+
+
+def decide(
+    policy: Policy,
+    controls: LiveControls | None,
+    effect: str,
+    params: Mapping[str, Any],
+    *,
+    reversible: bool,
+    protected: Sequence[str] = (),
+    history: History = NO_HISTORY,
+) -> tuple[Verdict, list[str]]:
+    """The verdict for one request and a line per step that led to it."""
+    if controls is not None:
+        switch = controls.disabled(effect)
+        if switch is not None:
+            line = f"kill switch ({switch.glob}): {effect} is disabled by {switch.by}"
+            return Verdict("deny", f"disabled:{switch.glob}", switch.denial(effect)), [line]
+        if controls.remembered:
+            policy = policy.with_remembered(controls.remembered)
+    return policy.explain(effect, params, reversible, protected, history)
+
+
+def ledger_history(ledger: Store, sandbox: str, exclude_id: str) -> History:
+    """The sandbox's earlier requests as the ledger holds them now (read on first use)."""
+
+    def load() -> list[Any]:
+        return past_of(r for r in ledger.history(sandbox) if r.id != exclude_id)
+
+    return History(load)
+
+
+def records_history(earlier: Iterable[Record], now: float) -> History:
+    """A replay's history: the records before this one in the same sandbox, as of `now`
+    (the request's own time)."""
+    past = past_of(earlier)
+    return History(lambda: past, now)
