@@ -14,17 +14,21 @@ from __future__ import annotations
 
 import tomllib
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from broker.clock import iso, parse_iso
+from broker.controls import LiveControls
 from broker.drafting import target_of
 from broker.errors import PolicyError
+from broker.gate import decide
+from broker.history import History, Past, past_of
 from broker.models import Record, Verdict
 from broker.policy import Policy, parse_policy
 from broker.registry import Registry
+from broker.store.base import Store
 
 __all__ = ["LOOSENED_EXIT", "Change", "Report", "policy_from_text", "replay"]
 
@@ -191,43 +195,71 @@ def _skip(record: Record) -> str | None:
 
 
 def classify(
-    policy: Policy, controls: Any, record: Record, earlier: Sequence[Record]
+    policy: Policy, controls: LiveControls | None, record: Record, history: History
 ) -> tuple[Verdict, list[str]]:
-    """One recorded request classified again as admission classifies it: the one place
-    replay asks for a verdict (broker.gate's, once it decides with controls and history)."""
+    """One recorded request classified again as admission classifies it (broker.gate)."""
     params = record.envelope.get("params") or {}
     protected = tuple((record.facts or {}).get("protected") or ())
-    return policy.explain(record.effect or "", params, bool(record.reversible), protected)
+    return decide(
+        policy,
+        controls,
+        record.effect or "",
+        params,
+        reversible=bool(record.reversible),
+        protected=protected,
+        history=history,
+    )
+
+
+def replay_controls(ledger: Store) -> LiveControls:
+    """The controls a replay classifies with: the remembered rules people accepted, and
+    no kill switch (an emergency stop, not policy)."""
+    controls = LiveControls(ledger)
+    controls.refresh()
+    controls.switches = ()
+    return controls
 
 
 def replay(
     policy: Policy,
     records: Iterable[Record],
     *,
-    controls: Any = None,
+    controls: LiveControls | None = None,
     since: datetime | None = None,
     sandbox: str | None = None,
+    effect: str | None = None,
+    baseline: LiveControls | None = None,
 ) -> Report:
-    """Classify every request of `records` (the ledger, oldest first) received since
-    `since` in `sandbox` (None: any) again by `policy`, and report what changes."""
+    """Classify every request of `records` (the ledger) received since `since` in
+    `sandbox` (None: any), of `effect` (None: any), again by `policy`, and report what
+    changes from its recorded verdict (or, with `baseline`, from its verdict under
+    `policy` with those controls instead). A request's history is the sandbox's
+    earlier requests (as `Store.history` lists them), read only by rules that need it."""
     report = Report(policy.source, iso(since), sandbox)
-    earlier: dict[str, list[Record]] = defaultdict(list)
+    earlier: dict[str, list[Past]] = defaultdict(list)
     for record in sorted(records, key=lambda r: r.seq or 0):
         before = earlier[record.sandbox]
-        why = _skip(record)
-        if why is None:
-            before.append(record)  # what a later request's history holds
-        if sandbox is not None and record.sandbox != sandbox:
+        count = len(before)
+        if record.state != "invalid" and record.replay_of is None:
+            before.extend(past_of([record]))
+        if (sandbox is not None and record.sandbox != sandbox) or (
+            effect is not None and record.effect != effect
+        ):
             continue
         received = parse_iso(record.received_at)
         if since is not None and (received is None or received < since):
             continue
+        why = _skip(record)
         if why is not None:
             report.skipped[why] += 1
             continue
         old = recorded_verdict(record)
         assert old is not None
-        new, _ = classify(policy, controls, record, before[:-1])
+        now = received.timestamp() if received else 0.0
+        history = History(lambda b=before, n=count: b[:n], now)  # type: ignore[misc]
+        new, _ = classify(policy, controls, record, history)
+        if baseline is not None:
+            old = classify(policy, baseline, record, history)[0].to_json()
         _count(report, record, old, new)
     return report
 
