@@ -159,7 +159,7 @@ class Admission:
             params,
             reversible=bool(record.reversible),
             protected=protected,
-            history=ledger_history(self.ledger, record.sandbox, record.id),
+            history=ledger_history(self.ledger, record.sandbox, record.id, batch.inline),
         )
         if self.stages:
             self.stages.done(record.key, "policy", began)

@@ -160,13 +160,18 @@ def decide_and_wake(
     outcome = decide(
         ledger, ref, verdict, approver=approver, reason=reason, surface=surface, sha256=sha256
     )
+    wake(config, ledger, f"decision on {ref}")
+    return outcome
+
+
+def wake(config: Config, ledger: Store, what: str) -> None:
+    """After a surface committed a change: append its audit lines, wake the broker."""
     try:
         flush(ledger, audit_log(config))
     except (BrokerError, OSError):
-        # the decision is committed; the serving broker appends its audit lines
-        log.warning("decision on %s recorded; audit flush left to the broker", ref)
+        # the change is committed; the serving broker appends its audit lines
+        log.warning("%s recorded; audit flush left to the broker", what)
     nudge(config.state_dir)
-    return outcome
 
 
 def _same_sha(seen: str, actual: str) -> bool:

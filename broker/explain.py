@@ -1,7 +1,8 @@
 """What the broker would decide for one request file, computed as admission computes it:
 the envelope and params schemas, the handler's canonical form and checks, its
 per-request reversibility and protected paths (asking the service where the handler
-does), then the policy. `broker policy explain` prints it."""
+does), then the gate (broker.gate: the kill switches and remembered rules in the ledger,
+the sandbox's history when one is named, the policy). `broker policy explain` prints it."""
 
 from __future__ import annotations
 
@@ -12,10 +13,14 @@ from broker import intake
 from broker.canonical import canonical_request
 from broker.config import Config
 from broker.context import context_for
+from broker.controls import LiveControls
 from broker.errors import BrokerError, EffectFailed, Outcome
+from broker.gate import decide, ledger_history
+from broker.history import NO_HISTORY
 from broker.models import Record, Request, Verdict
 from broker.policy import Policy
 from broker.registry import Registry
+from broker.store.base import Store
 from broker.validation import Validator
 
 
@@ -42,8 +47,16 @@ class Explanation:
         }
 
 
-def explain(data: bytes, cfg: Config, registry: Registry, policy: Policy) -> Explanation:
-    """The decision for the request file's bytes `data`; BrokerError if it is no request."""
+def explain(
+    data: bytes,
+    cfg: Config,
+    registry: Registry,
+    policy: Policy,
+    ledger: Store | None = None,
+    sandbox: str | None = None,
+) -> Explanation:
+    """The decision for the request file's bytes `data` (with the ledger's controls, and
+    `sandbox`'s history, when given); BrokerError if it is no request."""
     doc = intake.parse_json(data, cfg.limits.max_depth)
     if not isinstance(doc, dict) or not isinstance(doc.get("effect"), str):
         raise BrokerError("not a request (no 'effect')")
@@ -68,10 +81,17 @@ def explain(data: bytes, cfg: Config, registry: Registry, policy: Policy) -> Exp
         request = canonical_request(request, registry, validator, cfg)
     except Outcome as exc:
         return Explanation(None, outcome=exc.reason)
-    return _assess(request, cfg, registry, policy)
+    return _assess(request, cfg, registry, policy, ledger, sandbox)
 
 
-def _assess(request: Request, cfg: Config, registry: Registry, policy: Policy) -> Explanation:
+def _assess(
+    request: Request,
+    cfg: Config,
+    registry: Registry,
+    policy: Policy,
+    ledger: Store | None,
+    sandbox: str | None,
+) -> Explanation:
     effect = registry.effect(request.effect)
     record = Record(
         sandbox=request.sandbox,
@@ -91,5 +111,20 @@ def _assess(request: Request, cfg: Config, registry: Registry, policy: Policy) -
         protected = effect.protected_for(request.params, ctx)
     except EffectFailed as exc:
         return Explanation(None, outcome=exc.reason, params=params)
-    verdict, trace = policy.explain(effect.name, request.params, reversible, protected)
+    controls = None
+    history = NO_HISTORY
+    if ledger is not None:
+        controls = LiveControls(ledger)
+        controls.refresh()
+        if sandbox is not None:
+            history = ledger_history(ledger, sandbox, "")
+    verdict, trace = decide(
+        policy,
+        controls,
+        effect.name,
+        request.params,
+        reversible=reversible,
+        protected=protected,
+        history=history,
+    )
     return Explanation(verdict, trace, None, params, reversible, protected)

@@ -38,11 +38,18 @@ def decide(
     return policy.explain(effect, params, reversible, protected, history)
 
 
-def ledger_history(ledger: Store, sandbox: str, exclude_id: str) -> History:
-    """The sandbox's earlier requests as the ledger holds them now (read on first use)."""
+def ledger_history(
+    ledger: Store, sandbox: str, exclude_id: str, unwritten: Sequence[Record] = ()
+) -> History:
+    """The sandbox's earlier requests as the ledger holds them now (read on first use),
+    with those of the same wake-up whose rows are written later (`unwritten`: inline
+    applies), so a burst in one wake-up counts toward a quota like a trickle."""
 
     def load() -> list[Any]:
-        return past_of(r for r in ledger.history(sandbox) if r.id != exclude_id)
+        stored = [r for r in ledger.history(sandbox) if r.id != exclude_id]
+        known = {r.id for r in stored}
+        later = [r for r in unwritten if r.sandbox == sandbox and r.id not in known]
+        return past_of([*stored, *later])
 
     return History(load)
 

@@ -45,3 +45,20 @@ def test_non_idempotent_handler_is_never_inline(tmp_path: Path) -> None:
     with BrokerHarness(tmp_path / "h", handlers=[handler], builtins=False) as h:
         assert h.submit(h.request("test.inline", {"value": 1}))["status"] == "applied"
     assert handler.threads[0].startswith("broker-apply")
+
+
+def test_a_quota_counts_inline_applies_of_the_same_wake_up(tmp_path: Path) -> None:
+    """Inline applies are written with their outcome, later in the same commit: a burst
+    read in one wake-up still meets the sandbox's quota exactly."""
+    handler = InlineHandler("test.inline")
+    policy = '[[limits]]\neffect = "test.*"\nmax = 3\n'
+    h = BrokerHarness(tmp_path / "h", handlers=[handler], builtins=False, policy=policy)
+    docs = [h.request("test.inline", {"value": i}) for i in range(8)]
+    for doc in docs:  # all there before it serves: one wake-up reads them
+        h.write(f"{doc['id']}.json", doc)
+    with h:
+        results = [h.wait(doc["id"]) for doc in docs]
+    assert sorted(r["status"] for r in results) == ["applied"] * 3 + ["denied"] * 5
+    assert len(handler.applied) == 3
+    denied = [r for r in results if r["status"] == "denied"]
+    assert all("quota: 3 of 3 test.* requests" in r["reason"] for r in denied)

@@ -1,20 +1,55 @@
-"""`broker effects`: the registered effects, their flags, schemas and origins."""
+"""`broker effects`: the registered effects, their flags, schemas and origins; and the
+kill switch (`broker effects disable|enable`), which holds on a running broker at once
+(and, on a shared store, on every broker of the fleet)."""
 
 from __future__ import annotations
 
-from broker.cli.common import ConfigOpt, JsonOpt, StateOpt, guarded, print_json
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from broker.cli.common import (
+    ConfigOpt,
+    JsonOpt,
+    StateOpt,
+    config_only,
+    fail,
+    guarded,
+    identity,
+    open_ledger,
+    out,
+    print_json,
+)
 from broker.cli.listing import Column, TsvOpt, choose, show
 from broker.registry import Registry, default_registry
+from broker.render import terminal
+
+if TYPE_CHECKING:
+    from broker.controls import Switch
+
+app = typer.Typer(help="The registered effects, and the kill switch.", invoke_without_command=True)
+GlobArg = Annotated[str, typer.Argument(help="an effect name, or a glob such as 'github.*'")]
+AsOpt = Annotated[str | None, typer.Option("--as", help="act as this name (if allow_as)")]
 
 
+@app.callback()
 def effects(
-    json_out: JsonOpt = False, tsv: TsvOpt = False, config: ConfigOpt = None, state: StateOpt = None
+    ctx: typer.Context,
+    json_out: JsonOpt = False,
+    tsv: TsvOpt = False,
+    config: ConfigOpt = None,
+    state: StateOpt = None,
 ) -> None:
-    """List the registered effects with their flags and schemas."""
+    """List the registered effects with their flags, schemas, and whether they are disabled."""
+    if ctx.invoked_subcommand is not None:
+        return
     choose(json_out, tsv)
     registry = guarded(default_registry)
+    off = _switches(config, state)
     if json_out:
-        print_json(_rows(registry))
+        print_json(_rows(registry, off))
         return
     rows = [
         [
@@ -23,10 +58,68 @@ def effects(
             "yes" if h.idempotent else "no",
             h.undo,
             registry.origin(h.name),
+            _off(h.name, off),
         ]
         for h in registry
     ]
     show(COLUMNS, rows, tsv=tsv)
+
+
+@app.command("disable")
+def disable(
+    glob: GlobArg,
+    reason: Annotated[str, typer.Option("--reason", help="why: agents read it")] = "",
+    as_: AsOpt = None,
+    config: ConfigOpt = None,
+    state: StateOpt = None,
+) -> None:
+    """Deny every new request for these effects, at once, until `enable`."""
+    from broker.approval import wake
+    from broker.controls import disable as switch_off
+
+    cfg = config_only(config, state)
+    registry = guarded(default_registry)
+    names = [h.name for h in registry if fnmatchcase(h.name, glob)]
+    if not names:
+        fail(f"no registered effect matches {glob!r} (`broker effects` lists them)")
+    by = identity(as_, cfg)
+    ledger = open_ledger(cfg)
+    switch = guarded(lambda: switch_off(ledger, glob, reason, by))
+    wake(cfg, ledger, f"kill switch for {glob}")
+    shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    out.print(f"disabled {terminal(glob)} ({terminal(shown)}) by {terminal(switch.by)}")
+
+
+@app.command("enable")
+def enable(
+    glob: GlobArg, as_: AsOpt = None, config: ConfigOpt = None, state: StateOpt = None
+) -> None:
+    """Lift a kill switch (name it as it was disabled)."""
+    from broker.approval import wake
+    from broker.controls import enable as switch_on
+
+    cfg = config_only(config, state)
+    by = identity(as_, cfg)
+    ledger = open_ledger(cfg)
+    guarded(lambda: switch_on(ledger, glob, by))
+    wake(cfg, ledger, f"kill switch for {glob}")
+    out.print(f"enabled {terminal(glob)} by {terminal(by)}")
+
+
+def _switches(config: Path | None, state: Path | None) -> list[Switch]:
+    """The kill switches in the ledger ([] when no broker has used the state dir)."""
+    from broker.controls import switches
+    from broker.store.factory import open_store, store_exists
+
+    cfg = config_only(config, state)
+    if not store_exists(cfg):
+        return []
+    return switches(guarded(lambda: open_store(cfg)))
+
+
+def _off(name: str, off: list[Switch]) -> str:
+    hit = next((s for s in off if s.covers(name)), None)
+    return f"DISABLED ({hit.glob}): {hit.reason}" if hit else ""
 
 
 COLUMNS = (
@@ -35,10 +128,11 @@ COLUMNS = (
     Column("idempotent"),
     Column("undo", wrap=True),
     Column("from", wrap=True),
+    Column("switch", wrap=True),
 )
 
 
-def _rows(registry: Registry) -> list[dict[str, object]]:
+def _rows(registry: Registry, off: list[Switch]) -> list[dict[str, object]]:
     return [
         {
             "effect": h.name,
@@ -48,6 +142,7 @@ def _rows(registry: Registry) -> list[dict[str, object]]:
             "undo": h.undo,
             "origin": registry.origin(h.name),
             "schema": h.schema,
+            "disabled": next((s.to_json() for s in off if s.covers(h.name)), None),
         }
         for h in registry
     ]

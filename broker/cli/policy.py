@@ -16,6 +16,7 @@ from broker.cli.common import (
     PolicyOpt,
     StateOpt,
     assemble,
+    fail,
     guarded,
     out,
     print_json,
@@ -34,7 +35,8 @@ def check(file: Path, config: ConfigOpt = None, state: StateOpt = None) -> None:
     """Load a policy file and say whether it is valid."""
     registry = guarded(default_registry)
     pol = guarded(lambda: load_policy(file, registry.reversibility(), registry.schemas()))
-    out.print(f"{terminal(str(file))}: ok, {len(pol.rules)} rule(s)")
+    limits = f", {len(pol.limits)} limit(s)" if pol.limits else ""
+    out.print(f"{terminal(str(file))}: ok, {len(pol.rules)} rule(s){limits}")
     for warning in pol.warnings:
         out.print(f"  [yellow]warning:[/] {terminal(warning)}")
     for rule in pol.rules:
@@ -45,8 +47,16 @@ def check(file: Path, config: ConfigOpt = None, state: StateOpt = None) -> None:
                 f" (approvals={rule.approvals}, timeout={rule.timeout_s:g}s, "
                 f"on_timeout={rule.on_timeout})"
             )
-        what = terminal(rule.effect + cond)
+        after = " after " + " or ".join(a.describe() for a in rule.after) if rule.after else ""
+        what = terminal(rule.effect + cond + after)
         out.print(f"  {rule.label}: {what} → {rule.action}{extra}: {terminal(rule.reason)}")
+    for limit in pol.limits:
+        terms = [f"max {limit.max} per sandbox"] if limit.max is not None else []
+        terms += [f"rate {limit.rate_text}"] if limit.rate is not None else []
+        out.print(
+            f"  {limit.label}: {terminal(limit.effect)} {', '.join(terms)} → beyond: "
+            f"{limit.action}" + (f": {terminal(limit.reason)}" if limit.reason else "")
+        )
 
 
 @app.command("explain")
@@ -56,13 +66,24 @@ def explain(
     config: ConfigOpt = None,
     state: StateOpt = None,
     json_out: JsonOpt = False,
+    sandbox: Annotated[
+        str | None,
+        typer.Option("--sandbox", help="count quotas and history as for this sandbox"),
+    ] = None,
 ) -> None:
     """Say what the broker would decide for a request, and why: its canonical params,
-    its reversibility and protected paths as the handler assesses them, every rule tried."""
+    its reversibility and protected paths as the handler assesses them, the kill
+    switches and remembered rules in the ledger, every rule tried."""
     from broker.explain import explain as explained
+    from broker.store.factory import open_store, store_exists
 
     cfg, registry, pol = assemble(config, state, policy)
-    found = guarded(lambda: explained(Path(request).read_bytes(), cfg, registry, pol))
+    ledger = guarded(lambda: open_store(cfg)) if store_exists(cfg) else None
+    if sandbox is not None and ledger is None:
+        fail(f"no ledger in {cfg.state_dir} yet: there is no history for sandbox {sandbox!r}")
+    found = guarded(
+        lambda: explained(Path(request).read_bytes(), cfg, registry, pol, ledger, sandbox)
+    )
     if json_out:
         print_json(found.to_json())
         return
