@@ -59,6 +59,11 @@ def test_migrate_round_trip_keeps_the_chain_and_the_requests(
         moved.stdout
     )
     assert again.returncode == 2 and "is not empty" in again.stderr
+    with psycopg.connect(pg_url, password=PASSWORD, autocommit=True) as conn:
+        facts = dict(conn.execute("SELECT id, facts FROM requests").fetchall())
+    assert {k: json.loads(v) for k, v in facts.items()} == {  # what replay needs, carried
+        rid: {"protected": []} for rid in ("a1", "a2", "a3", "p1")
+    }
     config_for_postgresql(site, pg_url, secret)
     verified = site.cli("audit", "verify")
     assert verified.returncode == 0, verified.stdout + verified.stderr
