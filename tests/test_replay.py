@@ -291,7 +291,7 @@ def test_the_text_report_names_the_risky_requests_first(site: dict[str, Any], ho
     assert lines[0].startswith("replayed 200 request(s) through")
     assert "skipped (never reached the policy): 5 invalid" in done.stdout
     risky = lines.index("WOULD APPLY WITHOUT A PERSON: 25 request(s)")
-    loose = next(i for i, l in enumerate(lines) if l.startswith("LOOSENED"))
+    loose = next(i for i, text in enumerate(lines) if text.startswith("LOOSENED"))
     assert risky < loose
     assert "approve→auto  by rules[1]" in lines[risky + 1]
     assert "approval rate (needs a person): 25.0% (50) → 22.5% (45)" in done.stdout
