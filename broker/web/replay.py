@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from broker.clock import now, parse_duration
 from broker.errors import BrokerError
 from broker.replay import MAX_POLICY_TEXT, policy_from_text, replay, replay_controls
-from broker.web.api import ApiError, InboxDep, Who
+from broker.web.api import GUARDED, ApiError, InboxDep, Who, _responses
 from broker.web.auth import same_secret
 from broker.web.inbox import Inbox
 from broker.web.pages import FormText, PagesDep
@@ -54,7 +54,7 @@ def run_replay(inbox: Inbox, text: str, since: str | None, sandbox: str | None) 
     return report.to_json()
 
 
-@api.post("/policy/replay", responses={401: {}, 422: {}})
+@api.post("/policy/replay", responses={**GUARDED, **_responses(400, 413)})
 def replay_api(body: ReplayIn, inbox: InboxDep, who: Who) -> dict[str, Any]:
     """What replaying every past request through this policy would change (read-only);
     `exit_code` is 3 when anything would be loosened."""
