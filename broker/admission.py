@@ -37,11 +37,20 @@ UNKNOWN_PROTECTED = "(not known: the assessment did not finish)"
 
 
 class PolicyDenied(Denied):
-    """The policy (or a limit it enforces) said no; `rule` names which."""
+    """The policy (or a limit it enforces) said no; `rule` names which. `verdict` and
+    `facts` are what the policy said and was told, recorded with the denial (replay)."""
 
-    def __init__(self, reason: str, rule: str) -> None:
+    def __init__(
+        self,
+        reason: str,
+        rule: str,
+        verdict: Verdict | None = None,
+        facts: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(reason)
         self.rule = rule
+        self.verdict = verdict
+        self.facts = facts
 
 
 class Admission:
@@ -141,6 +150,7 @@ class Admission:
         known; a request people must decide is held until its preview comes back."""
         params = record.envelope["params"]
         effect = self.registry.effect(record.effect or "")
+        record = record.evolve(facts=request_facts(protected))  # recorded with the verdict
         began = self.stages.start() if self.stages else 0
         verdict, _ = decide(
             self.policy,
@@ -157,13 +167,13 @@ class Admission:
             self._stage(record, verdict, preview, batch)
             return
         if verdict.action == "deny":
-            raise PolicyDenied(_denial(verdict), verdict.rule)
+            raise PolicyDenied(_denial(verdict), verdict.rule, verdict, record.facts)
         if verdict.action == "auto":
             inline = effect.inline and _safe_to_repeat(effect, record, self.config)
             record = self.lifecycle.auto(record, verdict, write=not inline)
             (batch.inline if inline else batch.apply).append(record)
             return
-        self._check_cap(record)
+        self._check_cap(record, verdict)
         if preview is None:
             self.hold(record if record.seq is not None else self.lifecycle.hold(record), batch)
             return
@@ -183,7 +193,7 @@ class Admission:
         batch.answer.append(record)
         batch.answer.extend(self.lifecycle.settle_replays(record))
 
-    def _check_cap(self, record: Record) -> None:
+    def _check_cap(self, record: Record, verdict: Verdict) -> None:
         cap = self.config.limits.max_pending_per_sandbox
         waiting = self.ledger.count_waiting(record.sandbox) + self.held[record.sandbox]
         if waiting >= cap:
@@ -191,6 +201,8 @@ class Admission:
                 f"denied: {cap} requests from this sandbox already wait for a person; "
                 "wait for their results before sending more",
                 "pending_cap",
+                verdict,  # what the policy said: a person, had there been room
+                record.facts,
             )
 
     def hold(self, record: Record, batch: Batch) -> None:
@@ -326,6 +338,12 @@ class Reuses:
                 stem,
                 rid,
             )
+
+
+def request_facts(protected: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """What the policy is told about a request beside its params and reversibility,
+    as recorded with its verdict: enough to classify it again without live services."""
+    return {"protected": list(protected)}
 
 
 def assess(

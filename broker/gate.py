@@ -5,7 +5,7 @@ here, so what they say is what the broker does."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from broker.controls import LiveControls
@@ -14,7 +14,7 @@ from broker.models import Record, Verdict
 from broker.policy import Policy
 from broker.store.base import Store
 
-__all__ = ["decide", "ledger_history", "records_history"]
+__all__ = ["decide", "ledger_history"]
 
 
 def decide(
@@ -52,10 +52,3 @@ def ledger_history(
         return past_of([*stored, *later])
 
     return History(load)
-
-
-def records_history(earlier: Iterable[Record], now: float) -> History:
-    """A replay's history: the records before this one in the same sandbox, as of `now`
-    (the request's own time)."""
-    past = past_of(earlier)
-    return History(lambda: past, now)

@@ -80,6 +80,7 @@ class Lifecycle:
         # what work off the loop learnt since the row was written travels with the move
         changes.setdefault("reversible", record.reversible)
         changes.setdefault("seen", record.seen)
+        changes.setdefault("facts", record.facts)
         return self.ledger.update(record, **changes)
 
     def _unwritten(self, record: Record, **changes: Any) -> Record:
@@ -98,8 +99,13 @@ class Lifecycle:
         stamp = clock.iso(clock.now())
         issues = [i.to_json() for i in getattr(exc, "issues", ())]
         by = "policy" if rule is not None else None
+        told: dict[str, Any] = {}  # a policy denial's verdict and facts (admission.PolicyDenied)
+        said: Verdict | None = getattr(exc, "verdict", None)
+        if said is not None:
+            told = {"verdict": said.to_json(), "facts": getattr(exc, "facts", None)}
         record = self._move(
             record,
+            **told,
             state=exc.status,
             reason=self.redact(exc.reason),
             errors=self.redact(issues),

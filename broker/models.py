@@ -291,6 +291,7 @@ class Record:
     expires_at: str | None = None
     on_timeout: str | None = None
     seen: dict[str, Any] | None = None  # what handlers remembered (ctx.remember) until it ends
+    facts: dict[str, Any] | None = None  # what the policy was told beside params (replay)
     seq: int | None = None
 
     @property

@@ -80,6 +80,14 @@ def test_the_kill_switch_holds_on_a_running_broker_at_once(tmp_path: Path, home:
     assert events[0]["by"] and events[0]["reason"] == "exports are frozen"
     verify = run_broker("audit", "verify", "--config", str(site.config), home=home)
     assert verify.returncode == 0, verify.stdout + verify.stderr
+    # the same policy replayed: a switch's denials are no policy change to report
+    policy = str(site.config.parent / "policy.toml")
+    replayed = run_broker(
+        "policy", "replay", policy, "--json", "--config", str(site.config), home=home
+    )
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    report = json.loads(replayed.stdout)
+    assert report["skipped"]["denied by a kill switch, not by the policy"] == 1
 
 
 def test_enable_of_what_is_not_disabled_is_one_line(tmp_path: Path, home: Path) -> None:

@@ -112,18 +112,33 @@ YesOpt = Annotated[
 ]
 
 
+ProposeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--propose",
+        help="also propose the narrowest rule that would auto-apply requests like it "
+        "(it takes effect once someone runs `broker policy accept N`)",
+    ),
+]
+
+
 def approve(
     ref: RefArg,
     reason: Annotated[str | None, typer.Option(help="why; shown to the agent")] = None,
     as_: AsOpt = None,
     sha256: ShaOpt = None,
     yes: YesOpt = False,
+    propose: ProposeOpt = False,
     config: ConfigOpt = None,
     state: StateOpt = None,
 ) -> None:
     """Approve a pending request (one of its approvals, under a quorum rule). At a
     terminal it shows the request's card and asks first."""
-    _decide(ref, "approve", reason, as_, sha256, yes, config, state)
+    ledger, who = _decide(ref, "approve", reason, as_, sha256, yes, config, state)
+    if propose:
+        from broker.cli.rules import propose_from
+
+        propose_from(config, state, ledger, ref, who)
 
 
 def deny(
@@ -149,7 +164,7 @@ def _decide(
     yes: bool,
     config: Path | None,
     state: Path | None,
-) -> None:
+) -> tuple[Store, str]:
     from broker.approval import decide_and_wake
 
     cfg = config_only(config, state)
@@ -172,6 +187,7 @@ def _decide(
         out.print(f"{ref_text}: approved by {by}; the broker applies it")
     else:
         out.print(f"{ref_text}: denied; the agent reads: {terminal(str(result.record.reason))}")
+    return ledger, who
 
 
 def _confirm(

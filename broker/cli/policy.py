@@ -1,4 +1,5 @@
-"""`broker policy check | explain`: what a policy file says, and which rule decides."""
+"""`broker policy check | explain`: what a policy file says, and which rule decides;
+`replay` and the proposals' commands are in broker.cli.rules."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from broker.cli import rules
 from broker.cli.common import (
     ConfigOpt,
     JsonOpt,
@@ -23,7 +25,9 @@ from broker.policy import load_policy
 from broker.registry import default_registry
 from broker.render import terminal
 
-app = typer.Typer(help="Check and explain policy files.", no_args_is_help=True)
+app = typer.Typer(
+    help="Check, explain and replay policy files; review proposed rules.", no_args_is_help=True
+)
 
 
 @app.command("check")
@@ -95,3 +99,11 @@ def explain(
         out.print(f"  protected paths touched: {terminal(', '.join(found.protected))}")
     verdict = found.verdict
     out.print(f"→ [bold]{verdict.action}[/] by {verdict.rule}: {terminal(verdict.reason)}")
+
+
+# what a policy change would do, and the rules reviewers proposed (broker.cli.rules)
+app.command("replay")(rules.replay)
+app.command("proposals")(rules.proposals)
+app.command("accept")(rules.accept)
+app.command("reject")(rules.reject)
+app.command("withdraw")(rules.withdraw)

@@ -19,8 +19,11 @@ if TYPE_CHECKING:
     from broker.models import Record
     from broker.store.base import Store
 
-QUESTION = "approve? [a]pprove, [d]eny, [s]kip (decide elsewhere): "
-VERDICTS = {"a": "approve", "d": "deny"}
+QUESTION = (
+    "approve? [a]pprove, [p] approve and propose a rule for requests like it, [d]eny, "
+    "[s]kip (decide elsewhere): "
+)
+VERDICTS = {"a": "approve", "p": "approve", "d": "deny"}
 
 
 def print_card(c: dict[str, Any]) -> None:
@@ -153,18 +156,20 @@ class Prompt:
         from broker.approval import card, decide_and_wake
 
         print_card(card(ledger, current, self.registry))
-        verdict = VERDICTS.get(input(QUESTION).strip().lower()[:1])
+        key = input(QUESTION).strip().lower()[:1]
+        verdict = VERDICTS.get(key)
         if verdict is None:
             out.print("skipped: it waits for `broker approve`/`broker deny` or its deadline")
             return
         reason = input("reason (the agent reads it): ").strip() or None
+        who = identity(None, self.cfg)
         try:
             decide_and_wake(
                 self.cfg,
                 ledger,
                 f"{current.sandbox}/{current.id}",
                 verdict,
-                approver=identity(None, self.cfg),
+                approver=who,
                 reason=reason,
                 surface="prompt",
                 sha256=current.sha256,
@@ -172,3 +177,26 @@ class Prompt:
             out.print(f"{verdict}d" if verdict == "approve" else "denied")
         except BrokerError as exc:
             out.print(f"[red]not recorded:[/] {terminal(str(exc))}")
+            return
+        if key == "p":
+            self._propose(ledger, current, who)
+
+    def _propose(self, ledger: Store, record: Record, who: str) -> None:
+        """The narrowest rule for an approved request, as a proposal someone accepts."""
+        from broker.cli.rules import print_proposal
+        from broker.policy import load_policy
+        from broker.proposals import propose, settle
+
+        try:
+            policy = load_policy(
+                self.cfg.policy_path, self.registry.reversibility(), self.registry.schemas()
+            )
+            number, value, _ = propose(ledger, policy, ledger.get(*record.key) or record, who)
+        except BrokerError as exc:
+            out.print(f"no rule proposed: {terminal(str(exc))}")
+            return
+        settle(self.cfg, ledger)
+        out.print(
+            f"proposed as rule {number} ({value.get('state')}); `broker policy accept {number}`"
+        )
+        print_proposal({"number": number, **value})

@@ -38,7 +38,7 @@ __all__ = [
     "record_values",
 ]
 
-JSON_COLUMNS = frozenset({"errors", "output", "verdict", "preview", "seen"})
+JSON_COLUMNS = frozenset({"errors", "output", "verdict", "preview", "seen", "facts"})
 RECORD_FIELDS = [f.name for f in fields(Record)]
 WAITING = ("pending",)
 IN_FLIGHT = ("received", "approved", "applying")

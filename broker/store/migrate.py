@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from broker import audit
+from broker import audit, codec
 from broker.config import Config
 from broker.errors import LedgerError, StateBusy
 from broker.fleet import qualify
@@ -25,7 +25,8 @@ from broker.store.pg_schema import error
 from broker.store.pg_session import pool
 from broker.store.sqlite import SQLiteStore
 
-TABLES = ("requests", "decisions", "audit_lines", "brokers")
+TABLES = ("requests", "decisions", "audit_lines", "brokers", "controls")
+CONTROL_KINDS = ("switch", "rule", "proposal")  # broker.controls, broker.proposals
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ def _copy(config: Config, url: str, password: str | None) -> Migrated:
                 "not migrated (a broken chain would not verify there either)"
             )
         records, decisions = source.all(), source.all_decisions()
+        controls = {kind: source.controls(kind) for kind in CONTROL_KINDS}
         unsynced = {r.key for r in source.unsynced()}
     finally:
         source.close()
@@ -78,6 +80,7 @@ def _copy(config: Config, url: str, password: str | None) -> Migrated:
                 _refuse_unless_empty(conn, url)
                 _copy_requests(conn, host, records, unsynced)
                 _copy_decisions(conn, host, decisions)
+                _copy_controls(conn, controls)
                 chain_head = _copy_chain(conn, host, lines)
         except psycopg.Error as exc:
             raise error(f"ledger {url}", exc) from exc
@@ -85,7 +88,7 @@ def _copy(config: Config, url: str, password: str | None) -> Migrated:
 
 
 def _refuse_unless_empty(conn: psycopg.Connection[Any], url: str) -> None:
-    conn.execute("LOCK TABLE requests, decisions, audit_lines, brokers IN EXCLUSIVE MODE")
+    conn.execute("LOCK TABLE requests, decisions, audit_lines, brokers, controls IN EXCLUSIVE MODE")
     held = {}
     for table in TABLES:
         row = conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()
@@ -109,6 +112,21 @@ def _copy_requests(
         conn.execute(
             f"INSERT INTO requests ({cols}) VALUES ({', '.join('%s' for _ in data)})",
             tuple(data.values()),
+        )
+
+
+def _copy_controls(conn: psycopg.Connection[Any], controls: dict[str, Any]) -> None:
+    """Kill switches, proposals and accepted rules hold for the fleet from now on."""
+    for kind, entries in controls.items():
+        for key, value in entries.items():
+            conn.execute(
+                "INSERT INTO controls (kind, key, value) VALUES (%s, %s, %s)",
+                (kind, key, codec.dumps(value)),
+            )
+    if any(controls.values()):
+        conn.execute(
+            "INSERT INTO meta (key, value) VALUES ('policy_generation', '1') "
+            "ON CONFLICT (key) DO UPDATE SET value = (meta.value::bigint + 1)::text"
         )
 
 

@@ -9,7 +9,7 @@ import psycopg
 
 from broker.errors import LedgerError, StoreUnavailable
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SCHEMA_LOCK = 0x62726F6B  # pg_advisory_xact_lock key: "brok"
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS requests (
@@ -37,6 +37,7 @@ CREATE TABLE IF NOT EXISTS requests (
     expires_at TEXT,
     on_timeout TEXT,
     seen TEXT,
+    facts TEXT,
     synced BOOLEAN NOT NULL DEFAULT FALSE,
     UNIQUE (sandbox, id)
 );
@@ -93,6 +94,10 @@ CREATE TABLE IF NOT EXISTS meta (
     value TEXT NOT NULL
 );
 """
+UPGRADES = {
+    2: "ALTER TABLE requests ADD COLUMN IF NOT EXISTS facts TEXT",  # for policy replay
+}
+"""What takes a database made at the version before each one to it."""
 CHANNEL = "broker_changes"
 """NOTIFY channel; the payload is the host id whose requests changed, or EVERY_HOST."""
 EVERY_HOST = "*"
@@ -114,6 +119,10 @@ def ensure(conn: psycopg.Connection[Any]) -> None:
                 f"the PostgreSQL ledger is at schema {row[0]}, newer than this broker "
                 f"knows ({SCHEMA_VERSION}); upgrade the broker"
             )
+        elif int(row[0]) < SCHEMA_VERSION:
+            for version in range(int(row[0]) + 1, SCHEMA_VERSION + 1):
+                conn.execute(UPGRADES[version])
+            conn.execute("UPDATE meta SET value = %s WHERE key = 'schema'", (str(SCHEMA_VERSION),))
 
 
 def error(where: str, exc: psycopg.Error) -> LedgerError:

@@ -29,6 +29,7 @@ CREATE TABLE IF NOT EXISTS requests (
     expires_at TEXT,
     on_timeout TEXT,
     seen TEXT,
+    facts TEXT,
     synced INTEGER NOT NULL DEFAULT 0,
     UNIQUE (sandbox, id)
 );
@@ -73,3 +74,5 @@ def migrate(db: sqlite3.Connection) -> None:
     have = {row[1] for row in db.execute("PRAGMA table_info(requests)")}
     if "seen" not in have:
         db.execute("ALTER TABLE requests ADD COLUMN seen TEXT")
+    if "facts" not in have:  # the policy's facts per request, for `broker policy replay`
+        db.execute("ALTER TABLE requests ADD COLUMN facts TEXT")

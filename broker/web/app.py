@@ -36,7 +36,7 @@ from broker.registry import Registry
 from broker.slack.settings import slack_settings
 from broker.store.base import Store
 from broker.store.factory import open_store
-from broker.web import api, pages, slack, waiting
+from broker.web import api, pages, replay, slack, waiting
 from broker.web.auth import Gate, Sessions, load_approvers
 from broker.web.inbox import Inbox
 
@@ -140,8 +140,10 @@ def create_app(
     app.state.pages = renderer
     app.state.slack = callback
     app.include_router(api.router, prefix="/api/v1")
+    app.include_router(replay.api, prefix="/api/v1")
     app.include_router(slack.router)
     app.include_router(pages.router)
+    app.include_router(replay.router)  # before waiting's /requests/…: no overlap, by order
     app.include_router(waiting.router)
     if metrics is not None:
         app.add_api_route(

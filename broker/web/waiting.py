@@ -205,6 +205,8 @@ def decide(
         )
     said = reason.strip() or None
     problem = None
+    proposing = verdict == "approve-propose"  # and draft a rule (broker.web.replay)
+    verdict = "approve" if proposing else verdict
     if verdict not in ("approve", "deny"):
         problem = "Choose Approve or Deny."
     elif verdict == "deny" and said is None:
@@ -227,6 +229,11 @@ def decide(
         return pages.error(request, 404, "No such request", str(exc))
     except Refused as exc:
         return _request_page(pages, request, who, sandbox, request_id, None, exc.message, 409)
+    if proposing:
+        from broker.web.replay import propose_for
+
+        notice = f"{DONE['approve']} {propose_for(pages.inbox, sandbox, request_id, who.approver)}"
+        return _request_page(pages, request, who, sandbox, request_id, notice, None, 200)
     following = pages.inbox.next_waiting(who.approver, (sandbox, request_id))
     target = following.key if following is not None else (sandbox, request_id)
     query = urlencode({"done": verdict, "of": f"{sandbox}/{request_id}"})

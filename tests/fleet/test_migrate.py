@@ -44,6 +44,8 @@ def test_migrate_round_trip_keeps_the_chain_and_the_requests(
     site.write("p1.json", request("p1"))
     wait_for(lambda: len(site.results_now()) == 4, 30, "four results")
     broker.stop()
+    switched = site.cli("effects", "disable", "crashtest.post", "--reason", "moving hosts")
+    assert switched.returncode == 0, switched.stderr
     before = site.cli("audit", "verify")
     secret = tmp_path / "pgpass"
     secret.write_text(PASSWORD, encoding="utf-8")
@@ -59,7 +61,15 @@ def test_migrate_round_trip_keeps_the_chain_and_the_requests(
         moved.stdout
     )
     assert again.returncode == 2 and "is not empty" in again.stderr
+    with psycopg.connect(pg_url, password=PASSWORD, autocommit=True) as conn:
+        facts = dict(conn.execute("SELECT id, facts FROM requests").fetchall())
+    assert {k: json.loads(v) for k, v in facts.items()} == {  # what replay needs, carried
+        rid: {"protected": []} for rid in ("a1", "a2", "a3", "p1")
+    }
     config_for_postgresql(site, pg_url, secret)
+    effects = json.loads(site.cli("effects", "--json").stdout)
+    post = next(e for e in effects if e["effect"] == "crashtest.post")
+    assert post["disabled"]["reason"] == "moving hosts"  # the kill switch came along
     verified = site.cli("audit", "verify")
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert f"host {host}: ok, {events} event(s), chain intact" in verified.stdout

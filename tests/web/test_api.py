@@ -18,6 +18,7 @@ GUARDED = [
     ("POST", "/api/v1/decisions"),
     ("GET", "/api/v1/changes"),
     ("GET", "/api/v1/stats"),
+    ("POST", "/api/v1/policy/replay"),
 ]
 
 
@@ -255,6 +256,7 @@ def test_openapi_document_describes_every_endpoint(idle: Web) -> None:
         "/api/v1/decisions",
         "/api/v1/changes",
         "/api/v1/stats",
+        "/api/v1/policy/replay",
     } == paths
     decision = doc["paths"]["/api/v1/requests/{sandbox}/{request_id}/decision"]["post"]
     assert {"200", "401", "404", "409", "422"} <= set(decision["responses"])

@@ -51,6 +51,7 @@ def test_generated_input_gets_documented_answers(web: Web) -> None:
         seen.append(operation.label)
     assert "POST /api/v1/requests/{sandbox}/{request_id}/decision" in seen
     assert "POST /api/v1/decisions" in seen
-    assert len(seen) == 9
+    assert "POST /api/v1/policy/replay" in seen
+    assert len(seen) == 10
     still = web.client().get(f"/api/v1/requests/default/{waiting['id']}").json()
     assert still["status"] == "pending"  # no generated input decided it
