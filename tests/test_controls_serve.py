@@ -56,6 +56,9 @@ def test_the_kill_switch_holds_on_a_running_broker_at_once(tmp_path: Path, home:
         assert "files.write is disabled by" in denied["reason"]
         assert "exports are frozen" in denied["reason"]
         assert not written(site, "b.txt")
+        explained = site.cli("policy", "explain", str(_request_file(tmp_path, "b.txt")))
+        assert "kill switch (files.*): files.write is disabled by" in explained
+        assert "→ deny by disabled:files.*" in explained
         listing = json.loads(site.cli("effects", "--json"))
         files = next(e for e in listing if e["effect"] == "files.write")
         assert files["disabled"]["reason"] == "exports are frozen"
