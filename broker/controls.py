@@ -123,7 +123,8 @@ class LiveControls:
         rules = []
         for key, value in sorted(self.ledger.controls(RULE).items(), key=lambda kv: int(kv[0])):
             try:
-                rules.append(remembered_rule(int(key), value.get("rule")))
+                only = value.get("reversible_only") is True
+                rules.append(remembered_rule(int(key), value.get("rule"), only))
             except (PolicyError, ValueError) as exc:  # fail closed: a broken allow allows nothing
                 log.warning("remembered rule %s is ignored: %s", key, exc)
         return rules

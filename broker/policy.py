@@ -97,7 +97,9 @@ class Policy:
         else:
             verdict = decided.verdict()
         if verdict.action != "deny" and self.remembered:
-            verdict, decided = self._remembered(verdict, decided, effect, params, history, lines)
+            verdict, decided = self._remembered(
+                verdict, decided, effect, params, reversible, history, lines
+            )
         if verdict.action != "deny" and self.limits:
             verdict = _limited(verdict, self.limits, effect, history, lines)
         return _guarded(verdict, decided, protected, lines)
@@ -108,12 +110,19 @@ class Policy:
         decided: Rule | None,
         effect: str,
         params: Mapping[str, Any],
+        reversible: bool,
         history: History,
         lines: list[str],
     ) -> tuple[Verdict, Rule | None]:
         """A remembered allow decides instead, unless any deny rule of the file matches."""
         rule = next((r for r in self.remembered if r.matches(effect, params, history)), None)
         if rule is None:
+            return verdict, decided
+        if rule.reversible_only and not reversible:
+            lines.append(
+                f"{rule.label} (auto): not used: it was remembered from a reversible "
+                "request, and this one cannot be undone"
+            )
             return verdict, decided
         deny = next(
             (r for r in self.rules if r.action == "deny" and r.matches(effect, params, history)),
@@ -230,16 +239,17 @@ def parse_policy(
     return Policy(rules, source, tuple(check_rules(rules, schemas, source)), limits)
 
 
-def remembered_rule(number: int, raw: Any) -> Rule:
+def remembered_rule(number: int, raw: Any, reversible_only: bool = False) -> Rule:
     """An accepted proposal as a rule: an `auto` rule on one effect, naming no protected
-    path (those stay with people)."""
+    path (those stay with people). Drafted from a reversible request, it decides only
+    reversible ones: approving a new file says nothing about overwriting it."""
     rule = parse_rule(number, raw, {}, "remembered rule", kind="remembered")
     if rule.action != "auto" or rule.protected_paths or any(c in rule.effect for c in "*?["):
         raise PolicyError(
             f"remembered[{number}]: a remembered rule is an auto rule on one effect "
             "that names no protected path"
         )
-    return rule
+    return replace(rule, reversible_only=reversible_only)
 
 
 def slack_buttons(verdict: Mapping[str, Any] | None, reversible: bool | None) -> bool:

@@ -18,12 +18,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from broker import clock
-from broker.audit import flush
 from broker.codec import dumps
 from broker.config import Config
 from broker.controls import RULE
 from broker.drafting import DraftError, draft_rule
-from broker.errors import BrokerError, ControlError, PolicyError
+from broker.errors import ControlError, PolicyError
 from broker.history import NO_HISTORY
 from broker.models import Record
 from broker.policy import Policy, remembered_rule
@@ -59,12 +58,14 @@ def _event(
     }
 
 
-def impact(ledger: Store, policy: Policy, rule: Mapping[str, Any]) -> dict[str, Any]:
+def impact(
+    ledger: Store, policy: Policy, rule: Mapping[str, Any], reversible_only: bool = False
+) -> dict[str, Any]:
     """What the rule would have done to the ledger's past requests of its effect: how
     many it matches, and how many of those would have applied without a person that
     did not (under the policy and the rules accepted now)."""
     controls = replay_controls(ledger)
-    candidate = remembered_rule(0, dict(rule))
+    candidate = remembered_rule(0, dict(rule), reversible_only)
     widened = replay_controls(ledger)
     widened.remembered = (*controls.remembered, candidate)
     effect = str(rule["effect"])
@@ -79,6 +80,7 @@ def impact(ledger: Store, policy: Policy, rule: Mapping[str, Any]) -> dict[str, 
         and r.replay_of is None
         and recorded_verdict(r) is not None
         and candidate.matches(effect, r.envelope.get("params") or {}, NO_HISTORY)
+        and (not reversible_only or r.reversible is True)
     )
     return {
         "replayed": found.replayed,
@@ -100,13 +102,8 @@ def propose(
     protected = tuple((record.facts or {}).get("protected") or ())
     ref = f"{record.sandbox}/{record.id}"
     reason = f"remembered: {by} approved requests like {ref} and the rule was accepted"
-    drafted = draft_rule(
-        record.effect,
-        params,
-        protected,
-        reason=reason,
-        reversible=bool(record.reversible if reversible is None else reversible),
-    )
+    undoable = bool(record.reversible if reversible is None else reversible)
+    drafted = draft_rule(record.effect, params, protected, reason=reason, reversible=undoable)
     remembered_rule(0, drafted.rule)  # what every broker will load must load
     with ledger.transaction():
         for known, earlier in ledger.controls(PROPOSAL).items():
@@ -119,13 +116,14 @@ def propose(
             "rule": drafted.rule,
             "from": ref,
             "request_sha256": record.sha256,
+            "reversible": undoable,
             "notes": list(drafted.notes),
             "proposed_by": by,
             "proposed_at": _now(),
             "decided_by": None,
             "decided_at": None,
             "decision_reason": None,
-            "replay": impact(ledger, policy, drafted.rule),
+            "replay": impact(ledger, policy, drafted.rule, undoable),
         }
         ledger.put_control(PROPOSAL, number, value)
         ledger.queue_audit(_event("rule_proposed", number, by, value))
@@ -169,6 +167,7 @@ def accept(ledger: Store, number: str, by: str) -> dict[str, Any]:
             "proposed_by": value.get("proposed_by"),
             "accepted_by": by,
             "accepted_at": stamp,
+            "reversible_only": value.get("reversible") is True,
         }
         ledger.put_control(RULE, number.strip(), entry)
         ledger.put_control(PROPOSAL, number.strip(), value)
@@ -209,7 +208,9 @@ def listing(ledger: Store, policy: Policy | None = None) -> list[dict[str, Any]]
         item = {"number": int(number) if number.isdigit() else number, **value}
         if policy is not None and value.get("state") == "proposed":
             try:
-                item["replay"] = impact(ledger, policy, value["rule"])
+                item["replay"] = impact(
+                    ledger, policy, value["rule"], value.get("reversible") is True
+                )
             except (PolicyError, KeyError) as exc:
                 item["replay"] = {"error": str(exc)}
         found.append(item)
@@ -219,11 +220,6 @@ def listing(ledger: Store, policy: Policy | None = None) -> list[dict[str, Any]]
 def settle(config: Config, ledger: Store) -> None:
     """After a change: append its audit events and wake the serving broker (as a
     decision does)."""
-    from broker.approval import nudge
-    from broker.checkpoints import audit_log
+    from broker.approval import wake
 
-    try:
-        flush(ledger, audit_log(config))
-    except (BrokerError, OSError):
-        log.warning("proposal change recorded; audit flush left to the broker")
-    nudge(config.state_dir)
+    wake(config, ledger, "proposal change")

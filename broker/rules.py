@@ -104,6 +104,7 @@ class Rule:
     protected_paths: tuple[str, ...] = ()
     after: tuple[After, ...] = ()  # any one of them must have happened
     kind: str = "rules"  # or "remembered": an accepted proposal (broker.controls)
+    reversible_only: bool = False  # remembered from a reversible request: only for those
 
     @property
     def label(self) -> str:

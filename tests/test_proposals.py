@@ -175,6 +175,26 @@ def test_a_protected_path_never_auto_applies(site: dict[str, Any]) -> None:
     assert "protected paths" in waiting["reason"]
 
 
+def test_a_rule_remembered_from_a_new_file_never_overwrites_it(site: dict[str, Any]) -> None:
+    """Approving a new file says nothing about destroying it: the remembered rule decides
+    only requests as undoable as the one it was drafted from."""
+    h: BrokerHarness = site["h"]
+    first = h.submit(
+        h.request("files.write", {"path": "notes/a.txt", "content": "1"}), terminal=False
+    )
+    assert first["status"] == "pending"
+    cli(site, "approve", first["id"], "--yes", "--propose")
+    cli(site, "policy", "accept", "1")
+    assert h.wait(first["id"])["status"] == "applied"
+    again = h.submit(
+        h.request("files.write", {"path": "notes/a.txt", "content": "1"}), terminal=False
+    )
+    assert again["status"] != "pending" and "remembered[1]" in again["reason"]
+    over = {"path": "notes/a.txt", "content": "2", "overwrite": True}
+    waiting = h.submit(h.request("files.write", over), terminal=False)
+    assert waiting["status"] == "pending" and "files wait for a person" in waiting["reason"]
+
+
 def test_a_bad_proposal_number_is_one_line(site: dict[str, Any]) -> None:
     done = run_broker("policy", "accept", "7", "--config", str(site["config"]), home=site["home"])
     assert done.returncode == 2 and "no proposal '7'" in done.stderr
