@@ -6,13 +6,15 @@ for what the rules said. Counts come from the ledger, so they survive restarts."
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import Any
 
 from broker.clock import parse_duration
 from broker.errors import PolicyError
 from broker.history import History
+from broker.rules import checked_table, effect_glob
 
 __all__ = ["LIMIT_KEYS", "Limit", "exceeded", "parse_limits"]
 
@@ -71,8 +73,6 @@ def exceeded(limits: Sequence[Limit], effect: str, history: History) -> tuple[Li
 
 
 def _applies(limit: Limit, effect: str) -> bool:
-    from fnmatch import fnmatchcase
-
     return fnmatchcase(effect, limit.effect)
 
 
@@ -83,14 +83,8 @@ def parse_limits(raw: Any, source: str) -> tuple[Limit, ...]:
 
 
 def _limit(i: int, raw: Any, where: str) -> Limit:
-    if not isinstance(raw, Mapping):
-        raise PolicyError(f"{where}: must be a table")
-    unknown = set(raw) - LIMIT_KEYS
-    if unknown:
-        raise PolicyError(f"{where}: unknown key {sorted(unknown)[0]!r}")
-    effect = raw.get("effect")
-    if not isinstance(effect, str) or not effect:
-        raise PolicyError(f"{where}.effect: required, a glob on the effect name")
+    raw = checked_table(where, raw, LIMIT_KEYS)
+    effect = effect_glob(where, raw, "the effect name")
     action = raw.get("action", "deny")
     if action not in ("approve", "deny"):
         raise PolicyError(f"{where}.action: must be 'approve' or 'deny'; got {action!r}")

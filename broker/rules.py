@@ -14,7 +14,16 @@ from broker.errors import PolicyError
 from broker.history import NO_HISTORY, History
 from broker.models import Verdict
 
-__all__ = ["ACTIONS", "DEFAULT_TIMEOUT_S", "After", "Reversibility", "Rule", "parse_rule"]
+__all__ = [
+    "ACTIONS",
+    "DEFAULT_TIMEOUT_S",
+    "After",
+    "Reversibility",
+    "Rule",
+    "checked_table",
+    "effect_glob",
+    "parse_rule",
+]
 
 ACTIONS = ("auto", "approve", "deny")
 # how people may decide what an approve rule holds: within a selection, from Slack
@@ -160,14 +169,8 @@ def parse_rule(
     i: int, raw: Any, reversible: Reversibility, source: str, kind: str = "rules"
 ) -> Rule:
     where = f"{source}: {kind}[{i}]"
-    if not isinstance(raw, dict):
-        raise PolicyError(f"{where}: must be a table")
-    unknown = set(raw) - RULE_KEYS
-    if unknown:
-        raise PolicyError(f"{where}: unknown key {sorted(unknown)[0]!r}")
-    effect = raw.get("effect")
-    if not isinstance(effect, str) or not effect:
-        raise PolicyError(f"{where}.effect: required, a glob on the effect name")
+    raw = checked_table(where, raw, RULE_KEYS)
+    effect = effect_glob(where, raw, "the effect name")
     action = raw.get("action")
     if action not in ACTIONS:
         raise PolicyError(f"{where}.action: must be one of auto, approve, deny; got {action!r}")
@@ -213,6 +216,23 @@ def parse_rule(
     )
 
 
+def checked_table(where: str, raw: Any, keys: set[str]) -> Mapping[str, Any]:
+    """A policy table with only `keys` in it, or a PolicyError naming what is wrong."""
+    if not isinstance(raw, Mapping):
+        raise PolicyError(f"{where}: must be a table")
+    unknown = set(raw) - keys
+    if unknown:
+        raise PolicyError(f"{where}: unknown key {sorted(unknown)[0]!r}")
+    return raw
+
+
+def effect_glob(where: str, raw: Mapping[str, Any], what: str) -> str:
+    effect = raw.get("effect")
+    if not isinstance(effect, str) or not effect:
+        raise PolicyError(f"{where}.effect: required, a glob on {what}")
+    return effect
+
+
 def _when(where: str, when: Any) -> dict[str, Any]:
     if not isinstance(when, dict):
         raise PolicyError(f"{where}: must be a table of param = value, glob or list")
@@ -236,14 +256,8 @@ def _after(where: str, value: Any) -> tuple[After, ...]:
     found = []
     for n, item in enumerate(items):
         here = f"{where}[{n}]" if isinstance(value, list) else where
-        if not isinstance(item, dict):
-            raise PolicyError(f'{here}: must be a table: {{ effect = "...", when = {{...}} }}')
-        unknown = set(item) - AFTER_KEYS
-        if unknown:
-            raise PolicyError(f"{here}: unknown key {sorted(unknown)[0]!r}")
-        effect = item.get("effect")
-        if not isinstance(effect, str) or not effect:
-            raise PolicyError(f"{here}.effect: required, a glob on the earlier effect's name")
+        item = checked_table(here, item, AFTER_KEYS)
+        effect = effect_glob(here, item, "the earlier effect's name")
         within = None
         if "within" in item:
             try:
