@@ -20,7 +20,7 @@ from pathlib import Path
 from demo_support import BROKER, docker_ready, reviewer, say
 
 ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / ".demo"
+DEMO = Path(os.environ.get("DEMO_DIR") or ROOT / ".demo")  # DEMO_DIR: elsewhere (tests)
 
 
 LISTEN = os.environ.get("DEMO_LISTEN", "127.0.0.1:8700")

@@ -21,7 +21,7 @@ from pathlib import Path
 from demo_support import BROKER, docker_ready, say
 
 ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / ".demo-autogen"
+DEMO = Path(os.environ.get("DEMO_DIR") or ROOT / ".demo-autogen")  # DEMO_DIR: elsewhere (tests)
 
 REPORT = """\
 import os, outbox

@@ -22,7 +22,7 @@ from pathlib import Path
 from demo_support import BROKER, say
 
 ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / ".demo-fleet"
+DEMO = Path(os.environ.get("DEMO_DIR") or ROOT / ".demo-fleet")  # DEMO_DIR: elsewhere (tests)
 sys.path.insert(0, str(ROOT))
 
 from tests.pgserver import PASSWORD, PgServer  # noqa: E402
@@ -133,7 +133,9 @@ def main() -> None:
         run(alpha, "approve", "beta.agent/report-b", "--as", "al", "--reason", "fine")
         for base, rid in ((alpha, "report-a"), (beta, "report-b")):
             done = result(base, rid, "applied")
-            written = (base / "exports" / f"{rid}.txt").read_text(encoding="utf-8").strip()
+            # each sandbox writes below root/<sandbox>/, the sandbox as the fleet names it
+            path = base / "exports" / f"{base.name}.agent" / f"{rid}.txt"
+            written = path.read_text(encoding="utf-8").strip()
             print(f"{base.name}: {rid} {done['status']} ({done['decided_by']}): {written!r}")
         say("the fleet's audit chains, verified from alpha")
         run(alpha, "audit", "verify")

@@ -35,7 +35,7 @@ from demo_support import BROKER, docker_ready, reviewer, say  # noqa: E402
 
 from tests.effects.github.fake import FakeGitHub, seed_repo  # noqa: E402
 
-DEMO = ROOT / ".demo" / "github"
+DEMO = Path(os.environ.get("DEMO_DIR") or ROOT / ".demo" / "github")  # DEMO_DIR: elsewhere (tests)
 TOKEN_ENV = "DEMO_GITHUB_TOKEN"
 TOKEN = "ghp_demo0000000000000000000000000000"  # the fake's token; never enters the sandbox
 GIT_ENV = {
