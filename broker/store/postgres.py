@@ -23,7 +23,7 @@ and writes go out together (pg_session.py).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -44,7 +44,8 @@ from broker.store.base import (
     record_from,
     record_values,
 )
-from broker.store.pg_schema import CHANNEL, EVERY_HOST, error
+from broker.store.pg_controls import Controls
+from broker.store.pg_schema import CHANNEL, error
 from broker.store.pg_session import Session
 
 GENESIS = "0" * 64
@@ -63,7 +64,7 @@ def _texts(values: Iterable[Any]) -> list[Any]:
     ]
 
 
-class PostgresStore(Session):
+class PostgresStore(Controls, Session):
     """One thread's view of the shared store: a connection borrowed from the pool per
     transaction (or per read outside one)."""
 
@@ -373,55 +374,6 @@ class PostgresStore(Session):
     def all_decisions(self) -> list[Decision]:
         rows = self.execute(f"SELECT {_DECISION_COLS} FROM decisions ORDER BY seq")
         return [Decision(**r) for r in rows]
-
-    # -- controls (every broker obeys them: a change wakes them all) -----------------
-
-    def controls(self, kind: str) -> dict[str, dict[str, Any]]:
-        rows = self.execute("SELECT key, value FROM controls WHERE kind = %s", (kind,))
-        return {str(r["key"]): codec.loads(r["value"]) for r in rows}
-
-    def put_control(self, kind: str, key: str, value: Mapping[str, Any] | None) -> None:
-        with self.transaction():
-            self._generation()  # the row lock orders every change to the controls
-            if value is None:
-                self.write("DELETE FROM controls WHERE kind = %s AND key = %s", (kind, key))
-            else:
-                self.write(
-                    "INSERT INTO controls (kind, key, value) VALUES (%s, %s, %s) "
-                    "ON CONFLICT (kind, key) DO UPDATE SET value = EXCLUDED.value",
-                    (kind, key, codec.dumps(dict(value))),
-                )
-            self.write(
-                "UPDATE meta SET value = (value::bigint + 1)::text WHERE key = 'policy_generation'"
-            )
-            self.write("SELECT pg_notify(%s, %s)", (CHANNEL, EVERY_HOST))
-
-    def _generation(self) -> int:
-        self.write(
-            "INSERT INTO meta (key, value) VALUES ('policy_generation', '0') ON CONFLICT DO NOTHING"
-        )
-        rows = self.execute("SELECT value FROM meta WHERE key = 'policy_generation' FOR UPDATE")
-        return int(rows[0]["value"])
-
-    def next_control_key(self, kind: str) -> str:
-        with self.transaction():
-            self._generation()  # two hosts numbering at once take turns
-            rows = self.execute(
-                "SELECT MAX(key::bigint) AS n FROM controls WHERE kind = %s", (kind,)
-            )
-        return str((rows[0]["n"] or 0) + 1)
-
-    def policy_generation(self) -> int:
-        rows = self.execute("SELECT value FROM meta WHERE key = 'policy_generation'")
-        return int(rows[0]["value"]) if rows else 0
-
-    def history(self, sandbox: str) -> list[Record]:
-        rows = self.execute(
-            "SELECT * FROM requests WHERE sandbox = %s AND replay_of IS NULL "
-            "AND state <> 'invalid' ORDER BY seq",
-            (sandbox,),
-        )
-        return [record_from(r) for r in rows]
 
     # -- the audit chain (chained at commit: nothing waits in a queue) ----------------
 
