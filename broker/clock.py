@@ -31,6 +31,13 @@ def iso(moment: datetime | None) -> str | None:
     return moment.isoformat(timespec="milliseconds")[:-6] + "Z"  # "+00:00" → "Z"
 
 
+def stamp() -> str:
+    """Now, as `iso` writes it."""
+    text = iso(now())
+    assert text is not None
+    return text
+
+
 def parse_iso(text: str | None) -> datetime | None:
     if text is None:
         return None

@@ -67,7 +67,7 @@ def disable(ledger: Store, glob: str, reason: str, by: str) -> Switch:
         raise ControlError("name the effect (or a glob such as 'github.*') to disable")
     if not reason.strip():
         raise ControlError("a kill switch needs a reason (--reason): it goes back to agents")
-    switch = Switch(glob, reason.strip(), by, _now())
+    switch = Switch(glob, reason.strip(), by, clock.stamp())
     with ledger.transaction():
         ledger.put_control(SWITCH, glob, switch.to_json())
         ledger.queue_audit(_event("effect_disabled", switch.at, by, glob, reason=switch.reason))
@@ -82,19 +82,13 @@ def enable(ledger: Store, glob: str, by: str) -> Switch:
             off = ", ".join(s.glob for s in switches(ledger)) or "none is"
             raise ControlError(f"{glob!r} is not disabled (disabled now: {off})")
         ledger.put_control(SWITCH, glob, None)
-        at = _now()
+        at = clock.stamp()
         ledger.queue_audit(_event("effect_enabled", at, by, glob))
     return _switch(glob, found)
 
 
 def _event(kind: str, at: str, by: str, glob: str, **extra: str) -> dict[str, Any]:
     return {"at": at, "event": kind, "by": by, "effect": glob, **extra}
-
-
-def _now() -> str:
-    stamp = clock.iso(clock.now())
-    assert stamp is not None
-    return stamp
 
 
 class LiveControls:

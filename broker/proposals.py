@@ -36,18 +36,12 @@ STATES = ("proposed", "accepted", "rejected", "withdrawn")
 log = logging.getLogger("broker.proposals")
 
 
-def _now() -> str:
-    stamp = clock.iso(clock.now())
-    assert stamp is not None
-    return stamp
-
-
 def _event(
     kind: str, number: str, by: str, value: Mapping[str, Any], **extra: Any
 ) -> dict[str, Any]:
     rule = value["rule"]
     return {
-        "at": _now(),
+        "at": clock.stamp(),
         "event": kind,
         "by": by,
         "proposal": int(number),
@@ -86,7 +80,7 @@ def impact(
         "replayed": found.replayed,
         "matches": matches,
         "would_auto": matched,
-        "at": _now(),
+        "at": clock.stamp(),
     }
 
 
@@ -119,7 +113,7 @@ def propose(
             "reversible": undoable,
             "notes": list(drafted.notes),
             "proposed_by": by,
-            "proposed_at": _now(),
+            "proposed_at": clock.stamp(),
             "decided_by": None,
             "decided_at": None,
             "decision_reason": None,
@@ -159,7 +153,7 @@ def accept(ledger: Store, number: str, by: str) -> dict[str, Any]:
             remembered_rule(int(number), value["rule"])
         except (PolicyError, ValueError) as exc:
             raise ControlError(f"proposal {number} cannot be accepted: {exc}") from exc
-        stamp = _now()
+        stamp = clock.stamp()
         value.update(state="accepted", decided_by=by, decided_at=stamp)
         entry = {
             "rule": value["rule"],
@@ -180,7 +174,10 @@ def reject(ledger: Store, number: str, by: str, reason: str | None) -> dict[str,
     with ledger.transaction():
         value = _open(ledger, number, ("proposed",), "rejected")
         value.update(
-            state="rejected", decided_by=by, decided_at=_now(), decision_reason=reason or None
+            state="rejected",
+            decided_by=by,
+            decided_at=clock.stamp(),
+            decision_reason=reason or None,
         )
         ledger.put_control(PROPOSAL, number.strip(), value)
         ledger.queue_audit(_event("rule_rejected", number, by, value, reason=reason or None))
@@ -191,7 +188,7 @@ def withdraw(ledger: Store, number: str, by: str, reason: str | None) -> dict[st
     """Remove an accepted rule: requests like it wait for people again."""
     with ledger.transaction():
         value = _open(ledger, number, ("accepted",), "withdrawn")
-        value.update(state="withdrawn", withdrawn_by=by, withdrawn_at=_now())
+        value.update(state="withdrawn", withdrawn_by=by, withdrawn_at=clock.stamp())
         if reason:
             value["withdraw_reason"] = reason
         ledger.put_control(RULE, number.strip(), None)
