@@ -259,7 +259,8 @@ class Lifecycle:
         return record
 
     def halt(self, record: Record, reason: str) -> Record:
-        """Approved, but its effect was disabled before it was applied (a kill switch)."""
+        """Its effect was disabled (a kill switch) before it was applied: approved by people,
+        or due to be applied at its deadline (on_timeout = "approve")."""
         stamp = clock.iso(clock.now())
         record = self._move(record, state="denied", completed_at=stamp, reason=reason)
         self.audit("denied", record, stamp, by="kill switch", reason=reason)

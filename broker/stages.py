@@ -94,7 +94,11 @@ class Stages:
         record = self.ledger.get(sandbox, request_id)
         if record is None or record.state != "pending":
             return
-        record = self.lifecycle.expire(record)
+        switch = self.admission.controls.disabled(record.effect or "")
+        if switch is not None and record.on_timeout == "approve" and record.reversible:
+            record = self.lifecycle.halt(record, switch.denial(record.effect or ""))
+        else:
+            record = self.lifecycle.expire(record)
         if record.state == "applying":
             batch.apply.append(record)
             return

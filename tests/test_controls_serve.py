@@ -177,3 +177,29 @@ def _request_file(tmp_path: Path, path: str) -> Path:
     target = tmp_path / "request.json"
     target.write_text(json.dumps(doc))
     return target
+
+
+def test_a_deadline_that_would_apply_does_not_pass_a_kill_switch(
+    tmp_path: Path, home: Path
+) -> None:
+    """on_timeout = "approve" applies a reversible request when nobody decides; not once
+    its effect is switched off."""
+    site = ServeSite(tmp_path / "site", home)
+    (site.config.parent / "policy.toml").write_text(
+        '[[rules]]\neffect = "files.write"\naction = "approve"\ntimeout = "2s"\n'
+        'on_timeout = "approve"\nreason = "a person may look; else it goes"\n'
+    )
+    serving = site.serve()
+    try:
+        rid = site.request("files.write", path="late.txt", content="x")
+        site.result(rid, "pending")
+        site.cli("effects", "disable", "files.write", "--reason", "frozen for the audit")
+        done = site.result(rid, "denied")
+        assert "frozen for the audit" in done["reason"]
+        assert not written(site, "late.txt")
+        site.cli("effects", "enable", "files.write")
+        other = site.request("files.write", path="later.txt", content="y")
+        site.result(other, "pending")
+        assert site.result(other, "applied")["decided_by"] == "policy (on_timeout)"
+    finally:
+        serving.close()
