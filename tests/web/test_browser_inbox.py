@@ -244,6 +244,33 @@ def test_output_appears_on_the_card_after_apply(page: Any, web: Web) -> None:
     expect(page.locator(".outcome-applied")).to_be_visible()
 
 
+def test_a_refresh_that_fails_is_fetched_again(page: Any, web: Web) -> None:
+    """A page fetch the server answers with an error (here: every one until the request
+    is applied, and one more) leaves the card as it is and is tried again; the card
+    catches up once the server answers, rather than staying stale."""
+    expect = _expect()
+    waiting = web.gated("files.write", params={"path": "retry.txt", "content": "hello\n"})
+    page.goto(f"{web.url}/requests/default/{waiting['id']}")
+    result = web.harness.results / f"{waiting['id']}.json"
+    refused: list[str] = []
+
+    def answer(route: Any) -> None:
+        done = result.exists() and '"applied"' in result.read_text()
+        if route.request.headers.get("accept") == "text/html" and (not done or len(refused) < 2):
+            refused.append(route.request.url)
+            route.fulfill(status=503, body="busy")
+        else:
+            route.continue_()
+
+    page.route(lambda url: "/requests/default/" in url, answer)
+    web.client().post(
+        f"/api/v1/requests/default/{waiting['id']}/decision",
+        json={"verdict": "approve", "reason": "ok", "request_sha256": waiting["request_sha256"]},
+    )
+    expect(page.locator("h1 .status")).to_have_text("applied", timeout=LIVE_S)
+    assert refused, "the page's refresh was never refused: the test did not test anything"
+
+
 # -- layout, colours, time ----------------------------------------------------------------------
 
 

@@ -97,7 +97,10 @@
       if (res.redirected && new URL(res.url).pathname === "/login") {
         throw new Error("signed out");
       }
-      return res.ok ? res.text() : null;
+      if (res.status === 404) return null;
+      // any other failure: keep the cursor, so the next poll fetches the page again
+      if (!res.ok) throw new Error("HTTP " + res.status);
+      return res.text();
     }).then(function (html) {
       if (html === null) { // this page is gone (a 404): keep what is shown
         cursor = latest;
