@@ -13,13 +13,11 @@ record of what was allowed and when.
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections.abc import Mapping
 from typing import Any
 
 from broker import clock
 from broker.codec import dumps
-from broker.config import Config
 from broker.controls import RULE
 from broker.drafting import DraftError, draft_rule
 from broker.errors import ControlError, PolicyError
@@ -29,11 +27,10 @@ from broker.policy import Policy, remembered_rule
 from broker.replay import recorded_verdict, replay, replay_controls
 from broker.store.base import Store
 
-__all__ = ["PROPOSAL", "accept", "impact", "listing", "propose", "reject", "settle", "withdraw"]
+__all__ = ["PROPOSAL", "accept", "impact", "listing", "propose", "reject", "withdraw"]
 
 PROPOSAL = "proposal"
 STATES = ("proposed", "accepted", "rejected", "withdrawn")
-log = logging.getLogger("broker.proposals")
 
 
 def _event(
@@ -212,11 +209,3 @@ def listing(ledger: Store, policy: Policy | None = None) -> list[dict[str, Any]]
                 item["replay"] = {"error": str(exc)}
         found.append(item)
     return sorted(found, key=lambda p: (isinstance(p["number"], str), p["number"]))
-
-
-def settle(config: Config, ledger: Store) -> None:
-    """After a change: append its audit events and wake the serving broker (as a
-    decision does)."""
-    from broker.approval import wake
-
-    wake(config, ledger, "proposal change")

@@ -7,7 +7,6 @@ auto-apply. And the proposals' storage on both store back ends."""
 from __future__ import annotations
 
 import json
-import threading
 import tomllib
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
@@ -25,7 +24,7 @@ from broker.store.base import Store
 from broker.testing import BrokerHarness
 from tests.stores import chained_events
 from tests.support import run_broker
-from tests.test_replay import Calls
+from tests.test_replay import serve_calls
 
 POLICY = """
 [[rules]]
@@ -49,14 +48,7 @@ reason = "files wait for a person"
 
 @pytest.fixture
 def api() -> Iterator[ThreadingHTTPServer]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Calls)
-    server.seen = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join(5)
+    yield from serve_calls()
 
 
 @pytest.fixture

@@ -75,8 +75,8 @@ class Calls(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture(scope="module")
-def api() -> Iterator[ThreadingHTTPServer]:
+def serve_calls() -> Iterator[ThreadingHTTPServer]:
+    """A loopback HTTP server recording (method, path) of each call in `.seen`."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), Calls)
     server.seen = []  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
@@ -85,6 +85,11 @@ def api() -> Iterator[ThreadingHTTPServer]:
     server.shutdown()
     server.server_close()
     thread.join(5)
+
+
+@pytest.fixture(scope="module")
+def api() -> Iterator[ThreadingHTTPServer]:
+    yield from serve_calls()
 
 
 def integrations(exports: Path, api: ThreadingHTTPServer) -> dict[str, Any]:

@@ -183,9 +183,10 @@ class Prompt:
 
     def _propose(self, ledger: Store, record: Record, who: str) -> None:
         """The narrowest rule for an approved request, as a proposal someone accepts."""
+        from broker.approval import wake
         from broker.cli.rules import print_proposal
         from broker.policy import load_policy
-        from broker.proposals import propose, settle
+        from broker.proposals import propose
 
         try:
             policy = load_policy(
@@ -195,7 +196,7 @@ class Prompt:
         except BrokerError as exc:
             out.print(f"no rule proposed: {terminal(str(exc))}")
             return
-        settle(self.cfg, ledger)
+        wake(self.cfg, ledger, "proposal")
         out.print(
             f"proposed as rule {number} ({value.get('state')}); `broker policy accept {number}`"
         )

@@ -3,6 +3,7 @@ would do to past requests, and the rules reviewers proposed from their approvals
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -184,19 +185,31 @@ def print_proposal(item: dict[str, Any]) -> None:
         )
 
 
+def _change(
+    config: Path | None,
+    state: Path | None,
+    as_: str | None,
+    act: Callable[[Store, str], dict[str, Any]],
+) -> tuple[str, dict[str, Any]]:
+    """One person's change to a proposal, audited, with the serving broker woken."""
+    from broker.approval import wake
+
+    cfg = config_only(config, state)
+    ledger = open_ledger(cfg)
+    who = identity(as_, cfg)
+    value = guarded(lambda: act(ledger, who))
+    wake(cfg, ledger, "proposal change")
+    return who, value
+
+
 def accept(
     number: NumberArg, as_: AsOpt = None, config: ConfigOpt = None, state: StateOpt = None
 ) -> None:
     """Accept a proposal: every running broker applies its rule from the next request
     on (a deny rule of the policy file still wins; protected paths stay with people)."""
     from broker.proposals import accept as accepted
-    from broker.proposals import settle
 
-    cfg = config_only(config, state)
-    ledger = open_ledger(cfg)
-    who = identity(as_, cfg)
-    value = guarded(lambda: accepted(ledger, number, who))
-    settle(cfg, ledger)
+    who, value = _change(config, state, as_, lambda ledger, by: accepted(ledger, number, by))
     effect = terminal(value["rule"]["effect"])
     out.print(
         f"proposal {terminal(number)} accepted by {terminal(who)}: {effect} requests like it "
@@ -204,41 +217,34 @@ def accept(
     )
 
 
+ReasonOpt = Annotated[str | None, typer.Option(help="why (kept with the proposal)")]
+
+
 def reject(
     number: NumberArg,
-    reason: Annotated[str | None, typer.Option(help="why (kept with the proposal)")] = None,
+    reason: ReasonOpt = None,
     as_: AsOpt = None,
     config: ConfigOpt = None,
     state: StateOpt = None,
 ) -> None:
     """Reject a proposal: nothing changes."""
     from broker.proposals import reject as rejected
-    from broker.proposals import settle
 
-    cfg = config_only(config, state)
-    ledger = open_ledger(cfg)
-    who = identity(as_, cfg)
-    guarded(lambda: rejected(ledger, number, who, reason))
-    settle(cfg, ledger)
+    who, _ = _change(config, state, as_, lambda ledger, by: rejected(ledger, number, by, reason))
     out.print(f"proposal {terminal(number)} rejected by {terminal(who)}; nothing changes")
 
 
 def withdraw(
     number: NumberArg,
-    reason: Annotated[str | None, typer.Option(help="why (kept with the proposal)")] = None,
+    reason: ReasonOpt = None,
     as_: AsOpt = None,
     config: ConfigOpt = None,
     state: StateOpt = None,
 ) -> None:
     """Withdraw an accepted rule: requests like it wait for people again."""
-    from broker.proposals import settle
     from broker.proposals import withdraw as withdrawn
 
-    cfg = config_only(config, state)
-    ledger = open_ledger(cfg)
-    who = identity(as_, cfg)
-    guarded(lambda: withdrawn(ledger, number, who, reason))
-    settle(cfg, ledger)
+    who, _ = _change(config, state, as_, lambda ledger, by: withdrawn(ledger, number, by, reason))
     out.print(
         f"rule of proposal {terminal(number)} withdrawn by {terminal(who)}; requests like "
         "it wait for people again"
@@ -250,8 +256,9 @@ def propose_from(
 ) -> None:
     """After an approval: draft the narrowest rule for the request, store it as a
     proposal and show it with its replay (the approval stands whatever happens here)."""
+    from broker.approval import wake
     from broker.drafting import DraftError
-    from broker.proposals import propose, settle
+    from broker.proposals import propose
 
     cfg, _, pol = assemble(config, state, None)
     record = guarded(lambda: ledger.find(ref))
@@ -260,7 +267,7 @@ def propose_from(
     except DraftError as exc:
         out.print(f"no rule proposed: {terminal(str(exc))}")
         return
-    settle(cfg, ledger)
+    wake(cfg, ledger, "proposal")
     if not new:
         out.print(f"proposal {number} ({value.get('state')}) already covers requests like it:")
     else:

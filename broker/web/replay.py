@@ -113,9 +113,10 @@ async def replay_page(
 
 def propose_for(inbox: Inbox, sandbox: str, request_id: str, who: str) -> str:
     """After an approval on the card: the proposal's notice for the next page."""
+    from broker.approval import wake
     from broker.drafting import DraftError
     from broker.policy import load_policy
-    from broker.proposals import propose, settle
+    from broker.proposals import propose
 
     registry = inbox.registry
     try:
@@ -125,7 +126,7 @@ def propose_for(inbox: Inbox, sandbox: str, request_id: str, who: str) -> str:
             if record is None:
                 return "No rule was proposed: the request is gone."
             number, value, new = propose(ledger, policy, record, who)
-            settle(inbox.config, ledger)
+            wake(inbox.config, ledger, "proposal")
     except DraftError as exc:
         return f"No rule was proposed: {exc}"
     except BrokerError as exc:
