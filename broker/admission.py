@@ -12,12 +12,13 @@ from collections import Counter
 from typing import Any
 
 from broker import clock
+from broker.assessing import no_preview
 from broker.batch import Batch
 from broker.canonical import canonical_request
 from broker.config import Config
 from broker.context import Memo, context_for
 from broker.controls import LiveControls
-from broker.errors import Denied, EffectFailed, Issue, Outcome, Rejected
+from broker.errors import Denied, Issue, Outcome, Rejected
 from broker.events import Assessed
 from broker.gate import decide, ledger_history
 from broker.intake import Read
@@ -28,9 +29,7 @@ from broker.policy import Policy
 from broker.registry import Effect, Registry
 from broker.stage_times import StageTimes
 from broker.store.base import Store
-from broker.typing import Params
 from broker.validation import Validator
-from effects.base import Context
 
 log = logging.getLogger("broker")
 UNKNOWN_PROTECTED = "(not known: the assessment did not finish)"
@@ -225,7 +224,7 @@ class Admission:
                 raise _Refused(status, reason, issues)
             preview = done.preview
             if done.broken is not None:
-                preview = _no_preview(record.effect or "", done.broken)
+                preview = no_preview(record.effect or "", done.broken)
             reversible = record.reversible
             if reversible is None:
                 reversible = bool(done.reversible) and done.broken is None  # fail closed
@@ -344,69 +343,6 @@ def request_facts(protected: tuple[str, ...] | list[str]) -> dict[str, Any]:
     """What the policy is told about a request beside its params and reversibility,
     as recorded with its verdict: enough to classify it again without live services."""
     return {"protected": list(protected)}
-
-
-def assess(
-    effect: Effect,
-    record: Record,
-    policy: Policy,
-    config: Config,
-    controls: LiveControls | None = None,
-) -> Assessed:
-    """Off the loop: a held request's reversibility (if unknown) and, when people must
-    decide, its preview. Never raises: what went wrong travels in the event.
-
-    A request held with its reversibility known was held for a preview: it gets one. Else
-    the verdict without the sandbox's history (the loop reads that) says whether."""
-    memo = Memo(record.seen)
-    ctx = context_for(config, record, memo)
-    params = record.envelope["params"]
-    reversible = record.reversible
-    try:
-        if reversible is None:
-            reversible = effect.reversible_for(params, ctx)
-            protected = effect.protected_for(params, ctx)
-            verdict, _ = decide(
-                policy, controls, effect.name, params, reversible=reversible, protected=protected
-            )
-            wanted = verdict.action == "approve" or config.staged.covers(effect.name)
-        else:
-            protected, wanted = effect.protected_for(params, ctx), True
-        preview = preview_of(effect, params, ctx, record) if wanted else None
-    except EffectFailed as exc:
-        issues = [i.to_json() for i in getattr(exc, "issues", ())]
-        return Assessed(record.key, record.sha256 or "", refused=(exc.status, exc.reason, issues))  # type: ignore[arg-type]
-    except Exception:
-        log.exception("assessing %s/%s failed", record.sandbox, record.id)
-        return Assessed(
-            record.key,
-            record.sha256 or "",
-            broken="the handler failed while assessing this request; see the broker's log",
-        )
-    return Assessed(record.key, record.sha256 or "", reversible, preview, memo.recall(), protected)
-
-
-def preview_of(effect: Effect, params: Params, ctx: Context, record: Record) -> dict[str, Any]:
-    """The handler's preview, or a card saying why there is none (never a reason to apply)."""
-    try:
-        return effect.preview(params, ctx).to_json()
-    except EffectFailed as exc:
-        return _no_preview(effect.name, exc.reason)
-    except Exception:
-        log.exception("preview of %s/%s failed", record.sandbox, record.id)
-        return _no_preview(
-            effect.name, "the handler failed while computing its preview; see the broker's log"
-        )
-
-
-def _no_preview(effect: str, why: str) -> dict[str, Any]:
-    return {
-        "title": "the preview could not be computed",
-        "target": effect,
-        "body": why,
-        "body_kind": "text",
-        "facts": [],
-    }
 
 
 def _denial(verdict: Verdict) -> str:
