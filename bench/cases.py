@@ -303,7 +303,7 @@ def sandbox_raw(cells: Cells, seq_n: int, burst_n: int) -> dict[str, Any]:
 
 
 def sandbox_broker(cells: Cells, effect: str, seq_n: int, burst_n: int) -> dict[str, Any]:
-    """`broker run` (broker.runner.run, with bench.noop registered) serving a container."""
+    """`broker run` (broker.hosting.runner.run, with bench.noop registered) serving a container."""
     cell = cells.new(f"sandbox-{effect}")
     ws = _workspace(cell)
     (cell / "state").mkdir()

@@ -67,7 +67,7 @@ def validation(n: int) -> dict[str, dict[str, float]]:
 
 
 def sqlite_commits(folder: Path, n: int) -> dict[str, dict[str, float]]:
-    from broker.ledger import SCHEMA
+    from broker.store.sqlite import SCHEMA
 
     db = sqlite3.connect(folder / "ledger.sqlite3", isolation_level=None)
     db.execute("PRAGMA journal_mode=WAL")
@@ -104,7 +104,7 @@ def sqlite_commits(folder: Path, n: int) -> dict[str, dict[str, float]]:
 
 
 def files(folder: Path, n: int) -> dict[str, dict[str, float]]:
-    from broker import results
+    from broker.lifecycle import results
     from broker.models import Result
 
     res = folder / "results"

@@ -1,4 +1,4 @@
-"""`broker run` with the bench.noop effect registered: broker.runner.run, as the CLI calls it.
+"""`broker run` with the bench.noop effect registered: broker.hosting.runner.run, as the CLI calls it.
 
     python -m bench.sandbox_run SPEC_JSON CMD ...
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 from bench.handlers import Noop
 from broker.config import Config
-from broker.policy import Policy
+from broker.hosting.runner import RunOptions, run
+from broker.policy.ruleset import Policy
 from broker.registry import Registry
-from broker.runner import RunOptions, run
 
 
 def main() -> int:

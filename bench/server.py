@@ -21,9 +21,9 @@ from typing import Any
 from bench.handlers import Noop
 from broker.config import Config
 from broker.events import Applied, FileSeen
-from broker.outbox import attach
-from broker.pipeline import Broker
-from broker.policy import Policy
+from broker.intake.outbox import attach
+from broker.loop.pipeline import Broker
+from broker.policy.ruleset import Policy
 from broker.registry import Registry
 
 

@@ -14,7 +14,7 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.approval import decide_and_wake
+from broker.approval.decisions import decide_and_wake
 from broker.config import Config, load_config
 from broker.models import Record
 from broker.store.factory import open_store

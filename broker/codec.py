@@ -1,7 +1,7 @@
 """JSON for what the broker writes and reads back itself (ledger columns, the audit
 queue, result files): orjson, which is several times faster than the stdlib, with the
 stdlib as the fallback for what orjson refuses (integers beyond 64 bits, lone
-surrogates). Not for what a sandbox wrote (broker.strict_json) nor for the canonical
+surrogates). Not for what a sandbox wrote (broker.intake.strict_json) nor for the canonical
 bytes approvals bind (broker.models.canonical): those keep the stdlib's exact rules."""
 
 from __future__ import annotations

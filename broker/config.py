@@ -16,7 +16,7 @@ from typing import Any
 
 from broker import fleet
 from broker.errors import ConfigError
-from broker.staging import OFF, Staged
+from broker.staged import OFF, Staged
 
 MiB = 1024 * 1024
 SECRET_WORDS = re.compile(
@@ -64,7 +64,9 @@ class Config:
     notify: Mapping[str, Any] = field(default_factory=dict)
     web: Mapping[str, Any] = field(default_factory=dict)
     approvers: Mapping[str, Any] = field(default_factory=dict)
-    metrics: Mapping[str, Any] | None = None  # [metrics]: on when present (broker.telemetry)
+    metrics: Mapping[str, Any] | None = (
+        None  # [metrics]: on when present (broker.observability.telemetry)
+    )
     tracing: Mapping[str, Any] | None = None  # [tracing]: on when present
     audit: Mapping[str, Any] = field(default_factory=dict)  # the audit key, checkpoints
     rescan_interval_s: float = 30.0
@@ -74,7 +76,7 @@ class Config:
     ledger_url: str | None = None  # postgresql://… (shared by a fleet); None: SQLite
     ledger_refs: Mapping[str, Any] = field(default_factory=dict)  # ledger_password_env|file
     host_id_setting: str | None = None  # [broker] host_id; else derived, kept in the state dir
-    staged: Staged = OFF  # [broker] staged: which effects are staged (broker.staging)
+    staged: Staged = OFF  # [broker] staged: which effects are staged (broker.staged)
 
     @property
     def shared_ledger(self) -> bool:
@@ -391,21 +393,23 @@ def ledger_url(section: Mapping[str, Any]) -> str | None:
     url = section.get("ledger")
     if url is None:
         if any(k.startswith("ledger_password") for k in section):
-            raise ConfigError("broker.ledger_password_*: goes with broker.ledger = postgresql://…")
+            raise ConfigError(
+                "broker.ledger_password_*: goes with broker.store.sqlite = postgresql://…"
+            )
         return None
     if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
         raise ConfigError(
-            "broker.ledger: expected a postgresql://user@host:port/dbname URL "
+            "broker.store.sqlite: expected a postgresql://user@host:port/dbname URL "
             "(leave it out for the SQLite ledger in the state dir)"
         )
     try:
         parts = urlsplit(url)
         inline = parts.password is not None or "password" in parse_qs(parts.query)
     except ValueError as exc:
-        raise ConfigError(f"broker.ledger: not a URL: {exc}") from exc
+        raise ConfigError(f"broker.store.sqlite: not a URL: {exc}") from exc
     if inline:
         raise ConfigError(
-            "broker.ledger: secrets are never written in broker.toml; take the password "
+            "broker.store.sqlite: secrets are never written in broker.toml; take the password "
             "out of the URL and use ledger_password_env or ledger_password_file"
         )
     return url

@@ -18,7 +18,7 @@ from effects.base import Context
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from broker.ledger import Record
+    from broker.models import Record
 
 
 class Memo:

@@ -71,7 +71,7 @@ class AmbiguousRequest(LedgerError):
 
 
 class IllegalTransition(LedgerError):
-    """A state change the request's life (broker.lifecycle) does not allow."""
+    """A state change the request's life (broker.lifecycle.transitions) does not allow."""
 
 
 class StoreUnavailable(LedgerError):

@@ -11,7 +11,7 @@ knows, for each secret, every such form:
 - any prefix of any of those (at least four characters) that ends the text, which is
   what a cut at a size limit leaves.
 
-Longer forms are masked first. `broker.redaction.Redactor` uses it for everything the
+Longer forms are masked first. `broker.masking.Redactor` uses it for everything the
 broker writes (ledger, results, audit), the network handlers for what they return,
 and `mask_logs` for every log record the process emits.
 """
@@ -30,7 +30,7 @@ from urllib.parse import quote, quote_plus
 MASK = "•••"
 MIN_TAIL = 4  # a shorter tail could be anything; it tells nothing of a long secret
 
-__all__ = ["MASK", "Masker", "mask_logs"]
+__all__ = ["MASK", "Masker", "Redactor", "mask_logs"]
 
 
 def _b64_cores(data: bytes) -> set[str]:
@@ -166,3 +166,17 @@ def quiet_http_libraries() -> None:
         logger = logging.getLogger(name)
         if logger.level < logging.WARNING:
             logger.setLevel(logging.WARNING)
+
+
+class Redactor:
+    """Masks a fixed set of secret values in any JSON-like value."""
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        self.secrets = frozenset(s for s in secrets if s)
+        self._masker = Masker(self.secrets)
+
+    def __call__(self, value: Any) -> Any:
+        return self._masker(value)
+
+    def text(self, value: str) -> str:
+        return self._masker.text(value)

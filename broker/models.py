@@ -43,7 +43,7 @@ State = Literal[
     "unknown",
     "staged",  # staged mode: validated, classified and previewed; nothing applied
 ]
-"""A request's state in the ledger; `broker.lifecycle` holds the legal moves."""
+"""A request's state in the ledger; `broker.lifecycle.transitions` holds the legal moves."""
 TERMINAL: frozenset[State] = frozenset(
     {"applied", "denied", "expired", "invalid", "failed", "unknown", "staged"}
 )

@@ -29,12 +29,12 @@ from typing import Any
 from broker.config import Config, Limits
 from broker.context import Memo, context_for
 from broker.errors import EffectFailed
+from broker.intake.outbox import attach
+from broker.loop.pipeline import Broker
 from broker.models import TERMINAL, Preview, Record, canonical, sha256_hex
-from broker.outbox import attach
-from broker.pipeline import Broker
-from broker.policy import Policy, parse_policy
+from broker.policy.ruleset import Policy, parse_policy
 from broker.registry import Registry
-from broker.staging import Staged
+from broker.staged import Staged
 from broker.typing import JSON, Params
 from effects.base import Context
 

@@ -1,5 +1,5 @@
 """Building blocks for a handler's `canonical(params, ctx)`: one form per value, or a
-refusal naming what to write instead (see `broker.canonical` for where it runs)."""
+refusal naming what to write instead (see `broker.intake.canonical` for where it runs)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from broker import audit
+from broker.audit import log as audit
 from broker.store.base import Store
 from tests.pgserver import PASSWORD, PgServer, bin_dir
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.apply import Workers
+from broker.lifecycle.apply import Workers
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Decisions by people through broker.approval, as the agent (/results) and the operator
+"""Decisions by people through broker.approval.decisions, as the agent (/results) and the operator
 (ledger, audit log) see them: approve, deny, sha256 binding, quorum, restarts, deadlines."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from broker import audit
-from broker.approval import Outcome, card, decide, nudge
+from broker.approval.decisions import Outcome, card, decide, nudge
+from broker.audit import log as audit
 from broker.errors import DecisionError
-from broker.ledger import Ledger
 from broker.models import parse_iso
+from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness, FakeHandler
 from tests.support import SETTLE_S, Start
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from broker.approval import decide_and_wake
+from broker.approval.decisions import decide_and_wake
 from broker.errors import ConfigError
-from broker.ledger import Ledger
+from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness, make_context
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from broker import audit
-from broker.ledger import Ledger
+from broker.audit import log as audit
+from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness, FakeHandler
 from effects.files import FilesWrite
 from tests.support import BROKER, Start

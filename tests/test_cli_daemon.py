@@ -91,7 +91,12 @@ def test_importing_the_cli_loads_no_heavy_library() -> None:
     """`import broker.cli` (every --help, every one-line error) loads no web, cloud or
     Docker library and not the pipeline: those are imported by the commands using them."""
     heavy = ["fastapi", "uvicorn", "starlette", "boto3", "botocore", "github", "docker", "httpx"]
-    heavy += ["broker.pipeline", "broker.web.server", "broker.notify", "broker.runner"]
+    heavy += [
+        "broker.loop.pipeline",
+        "broker.web.server",
+        "broker.approval.notify",
+        "broker.hosting.runner",
+    ]
     code = f"import sys, broker.cli; print([m for m in {heavy!r} if m in sys.modules])"
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True

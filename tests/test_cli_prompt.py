@@ -12,7 +12,7 @@ from typing import Any
 
 import pexpect
 
-from broker import audit
+from broker.audit import log as audit
 from broker.cli.prompt import QUESTION
 from broker.testing import BrokerHarness, FakeHandler
 from tests.support import BROKER, Start, clean_env
@@ -31,7 +31,7 @@ import sys, threading, time
 from pathlib import Path
 from broker.cli.prompt import Prompt
 from broker.config import load_config
-from broker.ledger import Ledger
+from broker.store.sqlite import Ledger
 from broker.registry import default_registry
 
 cfg = load_config(None, state_dir=Path(sys.argv[1]))

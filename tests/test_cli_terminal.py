@@ -12,8 +12,8 @@ from pathlib import Path
 import pexpect
 import pytest
 
-from broker.ledger import Ledger
 from broker.models import Preview
+from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness, FakeHandler
 from broker.typing import Params
 from effects.base import Context

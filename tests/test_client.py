@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from broker import audit, client
+from broker import client
+from broker.audit import log as audit
 from broker.errors import DecisionError, RequestNotFound
 from broker.testing import BrokerHarness, FakeHandler
 from tests.support import SETTLE_S

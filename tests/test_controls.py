@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from broker.controls import RULE, LiveControls, disable, enable, switches
 from broker.errors import ControlError
-from broker.gate import decide, ledger_history
-from broker.lifecycle import Lifecycle
+from broker.lifecycle.transitions import Lifecycle
 from broker.models import Record, Verdict
-from broker.policy import parse_policy
+from broker.policy.controls import RULE, LiveControls, disable, enable, switches
+from broker.policy.ruleset import parse_policy
+from broker.policy.verdict import decide, ledger_history
 from tests.stores import OpenStore, chained_events
 
 REVERSIBLE = {"files.write": True, "email.send": False, "http.request": False}

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from broker.ledger import Ledger
+from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness
 from tests.support import SETTLE_S, checked
 

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from broker import intake
 from broker.config import Limits
 from broker.errors import Rejected
-from broker.intake import Kind
+from broker.intake import claims as intake
+from broker.intake.claims import Kind
 from broker.models import canonical, sha256_hex
 from broker.testing import BrokerHarness, FakeHandler
 from tests.support import eventually
@@ -778,7 +778,7 @@ def test_read_file_reports_a_vanished_file(outbox_fd: int) -> None:
 def test_bad_names_are_logged_once_each_then_counted(caplog: pytest.LogCaptureFixture) -> None:
     """Each bad name is logged once; past the limit, one line with a count, not one per name
     per rescan."""
-    from broker.intake import BadNames
+    from broker.intake.claims import BadNames
 
     names = BadNames(limit=3, every_s=3600)
     with caplog.at_level(logging.WARNING, logger="broker"):

@@ -4,6 +4,7 @@ back (lazy and type-checking imports included), so each can be read and changed 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,3 +59,83 @@ def test_no_import_cycles() -> None:
         if name not in state:
             visit(name, [name])
     assert cycles == [], " ; ".join(" → ".join(c) for c in cycles)
+
+
+# The layers of broker/, bottom up: a module may import its own layer and those below.
+# The kernel is broker/'s flat modules; testing.py, client.py and __main__.py are faces
+# for plugin authors, host-side integrations and `python -m broker`, and sit on top.
+LAYERS: list[tuple[str, ...]] = [
+    ("audit",),
+    ("store",),
+    ("intake", "policy"),
+    ("lifecycle",),
+    ("slack",),
+    ("approval",),
+    ("review",),
+    ("loop",),
+    ("observability",),
+    ("hosting",),
+    ("cli", "web", "integrations", "testing", "client", "__main__"),
+]
+
+
+def layer(module: str) -> int:
+    """0 for the kernel, else 1 + the index of the module's layer."""
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else ""
+    for number, names in enumerate(LAYERS, 1):
+        if top in names:
+            return number
+    return 0
+
+
+def test_no_import_points_up_a_layer() -> None:
+    """Each module of broker/ imports only its own layer and the layers below it."""
+    known = modules()
+    upward = [
+        f"{name} ({layer(name)}) → {dep} ({layer(dep)})"
+        for name, path in sorted(known.items())
+        if name.startswith("broker")
+        for dep in sorted(imports(path, known))
+        if dep.startswith("broker") and layer(dep) > layer(name)
+    ]
+    assert upward == [], "\n".join(upward)
+
+
+def test_every_package_of_broker_is_in_a_layer() -> None:
+    """A new package gets a layer (and a docstring saying what it owns) before it lands."""
+    packages = {p.parent.name for p in (ROOT / "broker").glob("*/__init__.py")}
+    layered = {name for names in LAYERS for name in names}
+    assert packages - layered == set()
+    for package in packages:
+        assert ast.get_docstring(ast.parse((ROOT / "broker" / package / "__init__.py").read_text()))
+
+
+def test_the_module_map_in_docs_architecture_is_the_tree() -> None:
+    """docs/architecture.md lists every module of broker/ once, and nothing that is gone."""
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = doc.split("## Module map", 1)[1].split("\n## ", 1)[0]
+    table = section.split("| module | owns |", 1)[1]
+    named = [
+        name
+        for row in table.splitlines()
+        if row.startswith("| `")
+        for name in re.findall(r"`([\w/]+(?:\.py|/))`", row.split(" | ")[0])
+    ]
+    assert len(named) == len(set(named)), "a module is listed twice"
+    broker = ROOT / "broker"
+    tree = {
+        str(path.relative_to(broker))
+        for path in broker.rglob("*.py")
+        if path.name != "__init__.py" or path.parent == broker
+    }
+    listed: set[str] = set()
+    for name in named:
+        if name.endswith("/"):  # a surface listed whole: every module under it
+            found = {t for t in tree if t.startswith(name)}
+            assert found, f"{name} is in the map but not in the tree"
+            listed |= found
+        else:
+            listed.add(name)
+    assert sorted(listed - tree) == [], "in the map, not in the tree"
+    assert sorted(tree - listed) == [], "in the tree, not in the map"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from broker import catalogue
 from broker.errors import RegistryError
-from broker.policy import Policy
+from broker.loop import catalogue
+from broker.policy.ruleset import Policy
 from broker.registry import default_registry
 
 PLUGIN = '''

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from broker.audit import AuditLog, verify
+from broker.audit.log import AuditLog, verify
 from broker.errors import AmbiguousRequest, RequestNotFound
-from broker.ledger import Ledger
 from broker.models import Record
 from broker.store.base import Store
+from broker.store.sqlite import Ledger
 from tests.stores import chained_events
 
 

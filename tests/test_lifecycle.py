@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from broker.errors import IllegalTransition, Rejected
-from broker.lifecycle import ALLOWED, Lifecycle
+from broker.lifecycle.transitions import ALLOWED, Lifecycle
+from broker.masking import Redactor
 from broker.models import STATUSES, TERMINAL, Record, State, Verdict, canonical, sha256_hex
-from broker.redaction import Redactor
 from broker.store.base import Store
 from tests.stores import chained_events
 

@@ -13,9 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from broker.config import Config
 from broker.errors import EffectFailed
-from broker.metrics import Metrics
+from broker.observability.metrics import Metrics
+from broker.observability.telemetry import Telemetry
 from broker.registry import Registry
-from broker.telemetry import Telemetry
 from broker.testing import BrokerHarness, FakeHandler
 from broker.typing import JSON, Params
 from effects.base import Context

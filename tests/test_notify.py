@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from broker.approval import decide, nudge
+from broker.approval.decisions import decide, nudge
+from broker.approval.notify import Notifier, Webhook, payload, webhooks_from
 from broker.errors import ConfigError
-from broker.ledger import Ledger
-from broker.notify import Notifier, Webhook, payload, webhooks_from
+from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness, FakeHandler
 from tests.support import Hook, Start, eventually
 

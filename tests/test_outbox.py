@@ -13,9 +13,9 @@ import pytest
 
 from broker.config import Config
 from broker.events import DirsChanged, Event, FileSeen
-from broker.outbox import Served, Watcher
-from broker.pipeline import Broker
-from broker.policy import Policy
+from broker.intake.outbox import Served, Watcher
+from broker.loop.pipeline import Broker
+from broker.policy.ruleset import Policy
 from broker.registry import Registry
 from broker.testing import FakeHandler
 from tests.crash.support import read_results, wait_for, write_atomically

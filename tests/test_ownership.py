@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from broker import ownership
+from broker.loop import ownership
 from broker.models import TERMINAL
 from tests.crash.support import BROKER, Receiver, Site, broker_env, read_results, wait_for
 
@@ -98,9 +98,9 @@ def test_a_handed_sandbox_is_taken_over_when_its_owner_dies(tmp_path: Path) -> N
     """`broker run`'s side: its sandbox is served by the owner; when the owner is killed,
     the run's process becomes the owner and serves it on, and releases it at the end."""
     from broker.config import load_config
-    from broker.policy import load_policy
+    from broker.hosting.serving import Serving
+    from broker.policy.ruleset import load_policy
     from broker.registry import default_registry
-    from broker.serving import Serving
     from tests.support import eventually
 
     (tmp_path / "exports").mkdir()

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import watchfiles
 
-from broker import audit
+from broker.audit import log as audit
 from broker.config import Limits
 from broker.errors import EffectFailed
-from broker.ledger import Ledger
 from broker.models import parse_iso
+from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness, FakeHandler
 from broker.typing import JSON, Params
 from effects.base import Context

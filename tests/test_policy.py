@@ -10,7 +10,7 @@ import pytest
 
 from broker.errors import PolicyError
 from broker.models import Verdict
-from broker.policy import (
+from broker.policy.ruleset import (
     Policy,
     batch_allowed,
     load_policy,

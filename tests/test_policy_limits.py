@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from broker.errors import PolicyError
-from broker.history import History, Past
-from broker.policy import Policy, parse_policy, remembered_rule
+from broker.policy.history import History, Past
+from broker.policy.ruleset import Policy, parse_policy, remembered_rule
 from broker.registry import default_registry
 from tests.support import assert_one_line_error, run_broker
 

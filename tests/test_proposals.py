@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from broker.drafting import DraftError, draft_rule, escape_glob, rule_toml
 from broker.models import Record
-from broker.policy import Policy, parse_policy
-from broker.proposals import accept, listing, propose, reject, withdraw
+from broker.policy.ruleset import Policy, parse_policy
 from broker.registry import default_registry
+from broker.review.drafting import DraftError, draft_rule, escape_glob, rule_toml
+from broker.review.proposals import accept, listing, propose, reject, withdraw
 from broker.store.base import Store
 from broker.testing import BrokerHarness
 from tests.stores import chained_events

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from broker.approval import decide_and_wake
-from broker.replay import LOOSENED_EXIT
+from broker.approval.decisions import decide_and_wake
+from broker.review.replay import LOOSENED_EXIT
 from broker.store.sqlite import SQLiteStore
 from broker.testing import BrokerHarness
 from tests.support import run_broker

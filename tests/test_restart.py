@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from broker import audit
-from broker.ledger import Ledger
-from broker.marks import StartMarks
+from broker.audit import log as audit
+from broker.lifecycle.marks import StartMarks
 from broker.models import iso, now, parse_iso
+from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness, FakeHandler
 from tests.support import SETTLE_S, checked
 

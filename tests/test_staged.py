@@ -15,9 +15,9 @@ import pytest
 
 from broker.config import Limits, load_config
 from broker.errors import ConfigError
-from broker.ledger import Ledger
 from broker.models import Preview
-from broker.staging import EVERY, Staged
+from broker.staged import EVERY, Staged
+from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness, FakeHandler
 from effects.base import Context
 from tests.support import ServeSite, assert_one_line_error, checked, run_broker

@@ -1,5 +1,5 @@
-"""`broker stats` and broker.stats.summarize on ledgers with known contents: counts per
-outcome, approval rate and time to decision among people, and the rubber-stamp flag."""
+"""`broker stats` and broker.observability.stats.summarize on ledgers with known contents:
+counts per outcome, approval rate and time to decision among people, and the rubber-stamp flag."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from broker.approval import decide, nudge
-from broker.ledger import Ledger, Record
-from broker.models import iso, now
-from broker.stats import summarize
+from broker.approval.decisions import decide, nudge
+from broker.models import Record, iso, now
+from broker.observability.stats import summarize
+from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness, FakeHandler
 
 BROKER = Path(sys.executable).with_name("broker")

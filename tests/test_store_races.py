@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from broker import approval
+from broker.approval import decisions as approval
 from broker.errors import DecisionError
-from broker.lifecycle import Lifecycle
+from broker.lifecycle.transitions import Lifecycle
 from broker.models import Record, Verdict, canonical, sha256_hex
 from broker.store.base import Store
 from tests.stores import OpenStore, chained_events

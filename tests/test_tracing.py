@@ -134,7 +134,7 @@ def test_each_request_is_a_trace_of_its_stages(
         assert a["gen_ai.operation.name"] == "execute_tool"
         assert a["gen_ai.tool.name"] == "files.write"
         assert a["gen_ai.tool.type"] == "function"
-        assert a["broker.sandbox"] == "sb1"
+        assert a["broker.hosting.sandbox"] == "sb1"
         assert "gen_ai.tool.description" in a
         assert all(c.trace_id == root.trace_id for c in children[rid].values())
         for child in children[rid].values():
@@ -148,14 +148,14 @@ def test_each_request_is_a_trace_of_its_stages(
 
     gated = children[approved]
     assert set(gated) == {"validation", "policy", "approval", "apply"}
-    assert attrs(gated["approval"])["broker.approval.outcome"] == "approved"
+    assert attrs(gated["approval"])["broker.approval.decisions.outcome"] == "approved"
     assert gated["policy"].end_time_unix_nano <= gated["approval"].start_time_unix_nano
     assert gated["approval"].end_time_unix_nano <= gated["apply"].start_time_unix_nano
-    assert attrs(roots[approved])["broker.policy.rule"] == "rules[0]"
+    assert attrs(roots[approved])["broker.policy.ruleset.rule"] == "rules[0]"
 
     assert set(children[denied]) == {"validation", "policy", "approval"}
     assert attrs(roots[denied])["error.type"] == "denied"
-    assert attrs(children[denied]["approval"])["broker.approval.outcome"] == "denied"
+    assert attrs(children[denied]["approval"])["broker.approval.decisions.outcome"] == "denied"
 
     assert set(children[failed]) == {"validation", "policy", "apply"}
     assert roots[failed].status.code == Status.StatusCode.STATUS_CODE_ERROR

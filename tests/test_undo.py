@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from broker import audit
-from broker.ledger import Ledger
-from broker.marks import StartMarks
+from broker.audit import log as audit
+from broker.lifecycle.marks import StartMarks
 from broker.models import Preview
+from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness, FakeHandler
 from effects.base import Context
 
@@ -46,7 +46,7 @@ def test_undo_reverses_an_applied_effect_and_audits_it(tmp_path: Path) -> None:
         result = h.submit(h.request("test.undoable", {"value": "x"}), timeout=10)
         assert result["status"] == "applied"
     # the CLI process cannot see this test's in-memory handler: drive the module
-    from broker import undo
+    from broker.lifecycle import undo
 
     ledger = Ledger(h.config.ledger_path)
     chosen = undo.plan(ledger, h.registry, h.config, result["id"])

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from broker import audit as audit_log
+from broker.audit import log as audit_log
 from broker.cli.common import (
     ConfigOpt,
     JsonOpt,
@@ -56,8 +56,8 @@ def verify(
 ) -> None:
     """Check the hash chain (keyed with the host's audit key) of the whole audit log and,
     given exported checkpoints, that the log still holds each; name the first fault."""
-    from broker.checkpoints import audit_settings, check_checkpoints, read_checkpoints
-    from broker.ledger import Ledger
+    from broker.audit.checkpoints import audit_settings, check_checkpoints, read_checkpoints
+    from broker.store.sqlite import Ledger
 
     cfg = config_only(config, state)
     key = guarded(lambda: audit_settings(cfg)).key

@@ -17,7 +17,7 @@ from rich.console import Console
 
 from broker.config import Config, load_config
 from broker.errors import BrokerError
-from broker.policy import Policy, load_policy
+from broker.policy.ruleset import Policy, load_policy
 from broker.registry import Registry, default_registry
 from broker.render import terminal
 
@@ -73,7 +73,7 @@ def assemble(
     """The config, the registry checked against it, and the policy; or one line."""
 
     def build() -> tuple[Config, Registry, Policy]:
-        from broker.checkpoints import audit_settings
+        from broker.audit.checkpoints import audit_settings
 
         cfg = load_config(config, state_dir=state, policy=policy)
         audit_settings(cfg)  # a broken [audit] stops the start, naming the key

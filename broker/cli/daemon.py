@@ -27,13 +27,13 @@ import typer
 from broker.cli.common import assemble, err, guarded
 from broker.config import Config
 from broker.masking import mask_logs
-from broker.policy import Policy
+from broker.observability.telemetry import Telemetry
+from broker.policy.ruleset import Policy
 from broker.registry import Registry
-from broker.telemetry import Telemetry
 
 if TYPE_CHECKING:
-    from broker.notify import Notifier
-    from broker.pipeline import Broker
+    from broker.approval.notify import Notifier
+    from broker.loop.pipeline import Broker
     from broker.web.server import WebServer
 
 ListenOpt = Annotated[
@@ -124,7 +124,7 @@ def daemon(args: DaemonArgs, *, quiet: bool = False) -> Iterator[Daemon]:
 
 def notifier_for(cfg: Config) -> Notifier | None:
     """What [notify] asks for (webhooks, Slack); None when it asks for nothing."""
-    from broker.notify import notifier_from
+    from broker.approval.notify import notifier_from
 
     return notifier_from(cfg)
 

@@ -47,7 +47,7 @@ def pending(
     json_out: JsonOpt = False, tsv: TsvOpt = False, config: ConfigOpt = None, state: StateOpt = None
 ) -> None:
     """What waits for a person, oldest first."""
-    from broker.approval import card
+    from broker.approval.decisions import card
     from broker.models import now, parse_iso
 
     choose(json_out, tsv)
@@ -95,7 +95,7 @@ def show(
     ref: RefArg, json_out: JsonOpt = False, config: ConfigOpt = None, state: StateOpt = None
 ) -> None:
     """The approval card of one request: what, where, why it stopped, what happens next."""
-    from broker.approval import card
+    from broker.approval.decisions import card
 
     ledger = open_ledger(config_only(config, state))
     record = guarded(lambda: ledger.find(ref))
@@ -165,7 +165,7 @@ def _decide(
     config: Path | None,
     state: Path | None,
 ) -> tuple[Store, str]:
-    from broker.approval import decide_and_wake
+    from broker.approval.decisions import decide_and_wake
 
     cfg = config_only(config, state)
     ledger = open_ledger(cfg)
@@ -197,7 +197,7 @@ def _confirm(
     sha256 shown (unless --sha256 named one: that is checked as given)."""
     import click
 
-    from broker.approval import card
+    from broker.approval.decisions import card
 
     record = guarded(lambda: ledger.find(ref))
     if record.state != "pending":
@@ -223,9 +223,9 @@ def undo(
     state: StateOpt = None,
 ) -> None:
     """Reverse an applied effect, when its handler can; shows what it will do first."""
-    from broker import undo as undo_mod
-    from broker.audit import flush
-    from broker.checkpoints import audit_log
+    from broker.audit.checkpoints import audit_log
+    from broker.audit.log import flush
+    from broker.lifecycle import undo as undo_mod
 
     cfg, registry, _ = assemble(config, state, None)
     ledger = open_ledger(cfg)
@@ -266,9 +266,9 @@ def reconcile(
     state: StateOpt = None,
 ) -> None:
     """Settle a request that ended `unknown`: say whether the effect happened."""
-    from broker import undo as undo_mod
-    from broker.audit import flush
-    from broker.checkpoints import audit_log
+    from broker.audit.checkpoints import audit_log
+    from broker.audit.log import flush
+    from broker.lifecycle import undo as undo_mod
 
     if applied is None:
         fail("say what you found: --applied or --not-applied")

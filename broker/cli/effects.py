@@ -27,7 +27,7 @@ from broker.registry import Registry, default_registry
 from broker.render import terminal
 
 if TYPE_CHECKING:
-    from broker.controls import Switch
+    from broker.policy.controls import Switch
 
 app = typer.Typer(help="The registered effects, and the kill switch.", invoke_without_command=True)
 GlobArg = Annotated[str, typer.Argument(help="an effect name, or a glob such as 'github.*'")]
@@ -74,8 +74,8 @@ def disable(
     state: StateOpt = None,
 ) -> None:
     """Deny every new request for these effects, at once, until `enable`."""
-    from broker.approval import wake
-    from broker.controls import disable as switch_off
+    from broker.approval.decisions import wake
+    from broker.policy.controls import disable as switch_off
 
     cfg = config_only(config, state)
     registry = guarded(default_registry)
@@ -95,8 +95,8 @@ def enable(
     glob: GlobArg, as_: AsOpt = None, config: ConfigOpt = None, state: StateOpt = None
 ) -> None:
     """Lift a kill switch (name it as it was disabled)."""
-    from broker.approval import wake
-    from broker.controls import enable as switch_on
+    from broker.approval.decisions import wake
+    from broker.policy.controls import enable as switch_on
 
     cfg = config_only(config, state)
     by = identity(as_, cfg)
@@ -108,7 +108,7 @@ def enable(
 
 def _switches(config: Path | None, state: Path | None) -> list[Switch]:
     """The kill switches in the ledger ([] when no broker has used the state dir)."""
-    from broker.controls import switches
+    from broker.policy.controls import switches
     from broker.store.factory import open_store, store_exists
 
     cfg = config_only(config, state)

@@ -1,5 +1,5 @@
 """`broker ledger migrate --to postgresql://…`: move this host's SQLite ledger into a new
-PostgreSQL ledger shared by a fleet (broker/store/migrate.py)."""
+PostgreSQL ledger shared by a fleet (broker/hosting/migrate.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from broker.cli.common import ConfigOpt, StateOpt, config_only, fail, guarded, o
 from broker.render import terminal
 
 if TYPE_CHECKING:
-    from broker.store.migrate import Migrated
+    from broker.hosting.migrate import Migrated
 
 app = typer.Typer(help="The ledger's own commands.", no_args_is_help=True)
 
@@ -42,7 +42,7 @@ def migrate(
     password = guarded(lambda: resolve_secret(refs, "ledger_password", "broker", cfg.base_dir))
 
     def run() -> Migrated:
-        from broker.store.migrate import migrate as copy
+        from broker.hosting.migrate import migrate as copy
 
         return copy(cfg, url, password)
 

@@ -21,7 +21,7 @@ from broker.cli.common import (
     out,
     print_json,
 )
-from broker.policy import load_policy
+from broker.policy.ruleset import load_policy
 from broker.registry import default_registry
 from broker.render import terminal
 
@@ -74,7 +74,7 @@ def explain(
     """Say what the broker would decide for a request, and why: its canonical params,
     its reversibility and protected paths as the handler assesses them, the kill
     switches and remembered rules in the ledger, every rule tried."""
-    from broker.explain import explain as explained
+    from broker.review.explain import explain as explained
     from broker.store.factory import open_store, store_exists
 
     cfg, registry, pol = assemble(config, state, policy)

@@ -153,7 +153,7 @@ class Prompt:
 
     def _ask(self, ledger: Store, current: Record) -> None:
         """Show the card, read a verdict and a reason, and record them."""
-        from broker.approval import card, decide_and_wake
+        from broker.approval.decisions import card, decide_and_wake
 
         print_card(card(ledger, current, self.registry))
         key = input(QUESTION).strip().lower()[:1]
@@ -183,10 +183,10 @@ class Prompt:
 
     def _propose(self, ledger: Store, record: Record, who: str) -> None:
         """The narrowest rule for an approved request, as a proposal someone accepts."""
-        from broker.approval import wake
+        from broker.approval.decisions import wake
         from broker.cli.rules import print_proposal
-        from broker.policy import load_policy
-        from broker.proposals import propose
+        from broker.policy.ruleset import load_policy
+        from broker.review.proposals import propose
 
         try:
             policy = load_policy(

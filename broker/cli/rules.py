@@ -25,7 +25,7 @@ from broker.cli.common import (
 from broker.render import terminal
 
 if TYPE_CHECKING:
-    from broker.replay import Report
+    from broker.review.replay import Report
     from broker.store.base import Store
 
 SHOWN = 50  # changes listed per section; --json lists them all
@@ -49,9 +49,9 @@ def replay(
     from datetime import timedelta
 
     from broker.clock import now, parse_duration
-    from broker.policy import load_policy
-    from broker.replay import replay as replayed
-    from broker.replay import replay_controls
+    from broker.policy.ruleset import load_policy
+    from broker.review.replay import replay as replayed
+    from broker.review.replay import replay_controls
 
     start = None
     if since is not None:
@@ -142,7 +142,7 @@ def _pct(rate: float | None) -> str:
 def proposals(json_out: JsonOpt = False, config: ConfigOpt = None, state: StateOpt = None) -> None:
     """The rules reviewers proposed from their approvals, and what became of each; an
     open one's replay says how many past requests it would have let through."""
-    from broker.proposals import listing
+    from broker.review.proposals import listing
 
     cfg, _, pol = assemble(config, state, None)
     ledger = open_ledger(cfg)
@@ -158,7 +158,7 @@ def proposals(json_out: JsonOpt = False, config: ConfigOpt = None, state: StateO
 
 
 def print_proposal(item: dict[str, Any]) -> None:
-    from broker.drafting import rule_toml
+    from broker.review.drafting import rule_toml
 
     number, state = item["number"], item.get("state")
     said = f"{terminal(str(item.get('proposed_by')))} at {item.get('proposed_at')}"
@@ -192,7 +192,7 @@ def _change(
     act: Callable[[Store, str], dict[str, Any]],
 ) -> tuple[str, dict[str, Any]]:
     """One person's change to a proposal, audited, with the serving broker woken."""
-    from broker.approval import wake
+    from broker.approval.decisions import wake
 
     cfg = config_only(config, state)
     ledger = open_ledger(cfg)
@@ -207,7 +207,7 @@ def accept(
 ) -> None:
     """Accept a proposal: every running broker applies its rule from the next request
     on (a deny rule of the policy file still wins; protected paths stay with people)."""
-    from broker.proposals import accept as accepted
+    from broker.review.proposals import accept as accepted
 
     who, value = _change(config, state, as_, lambda ledger, by: accepted(ledger, number, by))
     effect = terminal(value["rule"]["effect"])
@@ -228,7 +228,7 @@ def reject(
     state: StateOpt = None,
 ) -> None:
     """Reject a proposal: nothing changes."""
-    from broker.proposals import reject as rejected
+    from broker.review.proposals import reject as rejected
 
     who, _ = _change(config, state, as_, lambda ledger, by: rejected(ledger, number, by, reason))
     out.print(f"proposal {terminal(number)} rejected by {terminal(who)}; nothing changes")
@@ -242,7 +242,7 @@ def withdraw(
     state: StateOpt = None,
 ) -> None:
     """Withdraw an accepted rule: requests like it wait for people again."""
-    from broker.proposals import withdraw as withdrawn
+    from broker.review.proposals import withdraw as withdrawn
 
     who, _ = _change(config, state, as_, lambda ledger, by: withdrawn(ledger, number, by, reason))
     out.print(
@@ -256,9 +256,9 @@ def propose_from(
 ) -> None:
     """After an approval: draft the narrowest rule for the request, store it as a
     proposal and show it with its replay (the approval stands whatever happens here)."""
-    from broker.approval import wake
-    from broker.drafting import DraftError
-    from broker.proposals import propose
+    from broker.approval.decisions import wake
+    from broker.review.drafting import DraftError
+    from broker.review.proposals import propose
 
     cfg, _, pol = assemble(config, state, None)
     record = guarded(lambda: ledger.find(ref))

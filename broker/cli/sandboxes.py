@@ -22,7 +22,7 @@ def image_build(
     force: Annotated[bool, typer.Option(help="rebuild even if it is current")] = False,
 ) -> None:
     """Build the agent image (from python:3.12-slim, or from Debian packages offline)."""
-    from broker import sandbox
+    from broker.hosting import sandbox
 
     def build() -> str:
         return sandbox.ensure_image(
@@ -51,7 +51,7 @@ def sandbox_ls(json_out: JsonOpt = False, tsv: TsvOpt = False) -> None:
 
 
 def _listing() -> list[dict[str, str]]:
-    from broker import sandbox
+    from broker.hosting import sandbox
 
     return [
         {
@@ -70,7 +70,7 @@ def sandbox_rm(
     all_: Annotated[bool, typer.Option("--all", help="remove every sandbox container")] = False,
 ) -> None:
     """Remove sandbox containers (their ledger history and results are kept)."""
-    from broker import sandbox
+    from broker.hosting import sandbox
 
     if not ids and not all_:
         fail("name the sandbox ids to remove, or --all")

@@ -16,7 +16,7 @@ from broker.render import terminal
 
 if TYPE_CHECKING:
     from broker.config import Config
-    from broker.pipeline import Broker
+    from broker.loop.pipeline import Broker
 
 # `broker run -- CMD ARGS`: everything after the options is the sandbox's command
 RUN_SETTINGS: dict[str, Any] = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -67,7 +67,7 @@ def serve(
         if claim is not None and outbox is None:
             fail("--claim goes with --outbox")
         if staged:
-            from broker.staging import EVERY
+            from broker.staged import EVERY
 
             d.cfg = dataclasses.replace(d.cfg, staged=EVERY)
         broker = guarded(lambda: _broker(d, outbox, results, sandbox, root, claim))
@@ -95,9 +95,9 @@ def _broker(
     claim: Path | None,
 ) -> Broker:
     """A broker on the attach-mode outbox and/or the sandboxes under the root."""
-    from broker.notify import attach as notify
-    from broker.outbox import attach
-    from broker.pipeline import Broker
+    from broker.approval.notify import attach as notify
+    from broker.intake.outbox import attach
+    from broker.loop.pipeline import Broker
 
     broker = Broker(d.cfg, d.registry, d.policy)
     try:
@@ -131,8 +131,8 @@ def run(
 ) -> None:
     """Run CMD in a new sandbox and serve its outbox until it exits: broker run -- CMD ARGS."""
     from broker.cli.prompt import Prompt
-    from broker.runner import RunOptions
-    from broker.runner import run as run_sandbox
+    from broker.hosting.runner import RunOptions
+    from broker.hosting.runner import run as run_sandbox
 
     command = list(ctx.args)
     if not command:

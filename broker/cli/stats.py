@@ -37,7 +37,7 @@ def stats(
 
     from broker.clock import parse_duration
     from broker.models import now
-    from broker.stats import summarize
+    from broker.observability.stats import summarize
 
     choose(json_out, tsv)
     cfg = config_only(config, state)

@@ -36,11 +36,13 @@ from autogen_agentchat.agents import ApprovalRequest, ApprovalResponse
 from autogen_core import CancellationToken
 from autogen_core.code_executor import CodeBlock, CodeExecutor, CodeResult
 
-from broker import ownership, sandbox
 from broker.config import Config, load_config
 from broker.errors import BrokerError, SandboxError
-from broker.integrations import gate, hosting
+from broker.hosting import sandbox
+from broker.integrations import autogen_gate as gate
+from broker.integrations import embedded as hosting
 from broker.integrations.blocks import INTERPRETERS, Container, Run
+from broker.loop import ownership
 
 __all__ = ["ApprovalFunc", "SandboxCodeExecutor", "approval_func"]
 
@@ -145,7 +147,7 @@ class SandboxCodeExecutor(CodeExecutor):
             raise
 
     def _new_container(self) -> Container:
-        from broker.runner import extra_env, limits_from
+        from broker.hosting.runner import extra_env, limits_from
 
         cfg, paths = self.config, self._paths
         client = sandbox.engine()

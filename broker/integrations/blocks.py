@@ -1,6 +1,6 @@
 """Code blocks run one at a time in a long-lived sandbox container, and killed alone.
 
-The container is started by :func:`broker.sandbox.start` (no network, read-only root,
+The container is started by :func:`broker.hosting.sandbox.start` (no network, read-only root,
 no capabilities, uid 10001, limits, ``/outbox`` and read-only ``/results``) with a
 tiny reaper as PID 1. Each block is one ``docker exec``: its code goes in on stdin
 (never through a file the sandbox could rewrite between approval and run), into a
@@ -21,8 +21,8 @@ import docker
 import docker.errors
 from docker.utils.socket import frames_iter as _frames_iter
 
-from broker import sandbox
 from broker.errors import SandboxError
+from broker.hosting import sandbox
 
 __all__ = ["INTERPRETERS", "MAX_OUTPUT", "Container", "Run"]
 

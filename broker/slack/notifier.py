@@ -1,7 +1,7 @@
 """Posting waiting requests to Slack, updating the message when they settle, and a
 reminder before the deadline: one thread, a queue, never in the broker's way.
 
-Fed by broker.notify (an observer of the broker's loop): `pending(card)` when a request
+Fed by broker.approval.notify (an observer of the broker's loop): `pending(card)` when a request
 starts waiting, `settled(card)` when it reaches an outcome. Which message shows which
 request is kept in the SlackStore, so a restart neither posts twice nor forgets to
 update or remind. A failed call is logged and counted; people can always decide in the

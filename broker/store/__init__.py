@@ -11,7 +11,9 @@ base.py), two implementations.
     listen.py      LISTEN/NOTIFY: others' decisions reach the owning broker as they commit
     audit_copy.py  a broker's local copy of its host's audit chain in PostgreSQL
     factory.py     `open_store(config)`: the one the configuration names
-    migrate.py     a SQLite ledger copied into PostgreSQL, audit chain intact
+
+Moving a SQLite ledger into PostgreSQL is broker.hosting.migrate (it takes the state
+dir's lock first).
 """
 
 from __future__ import annotations

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from broker import clock
-from broker.audit import AuditLog, tell
+from broker.audit.log import AuditLog, tell
 from broker.errors import AuditError, LedgerError
 
-log = logging.getLogger("broker.audit")
+log = logging.getLogger("broker.audit.log")
 _CHAIN = frozenset({"seq", "prev", "hash", "alg"})  # the chain's own fields, not the event
 
 

@@ -91,7 +91,7 @@ class AuditSink(Protocol):
 
     durable: tuple[int, str] | None
     observers: list[Callable[[list[dict[str, Any]]], None]]
-    """Told of the events each flush appended (broker.observe)."""
+    """Told of the events each flush appended (broker.observability.tap)."""
     on_sync: list[Callable[[float], None]]
     """Told how long the oldest line waited for its fsync, at each sync."""
 
@@ -187,7 +187,7 @@ class Store(Protocol):
 
     def all_decisions(self) -> list[Decision]: ...
 
-    # -- what people change on running brokers (broker.controls) -------------------
+    # -- what people change on running brokers (broker.policy.controls) -------------------
 
     def controls(self, kind: str) -> dict[str, dict[str, Any]]:
         """Every entry of one kind of control ("switch", "rule", "proposal"), by key."""

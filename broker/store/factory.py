@@ -21,11 +21,11 @@ def open_store(config: Config, *, owner: bool = False) -> Store:
         from broker.store.postgres import PostgresStore
     except ImportError as exc:
         raise ConfigError(
-            "broker.ledger: PostgreSQL needs psycopg 3 "
+            "broker.store.sqlite: PostgreSQL needs psycopg 3 "
             "(pip install 'sandbox-outbox-broker[postgresql]')"
         ) from exc
-    from broker.audit import chain
-    from broker.checkpoints import audit_settings
+    from broker.audit.checkpoints import audit_settings
+    from broker.audit.log import chain
 
     key = audit_settings(config).key  # the fleet's chains are keyed as a local log is
     return PostgresStore(

@@ -353,7 +353,7 @@ class SQLiteStore:
         return int(seq), str(head)
 
     def audit_sink(self, log: Any, checkpoints: Any = None) -> AuditSink:
-        from broker.audit import AuditWriter
+        from broker.audit.log import AuditWriter
 
         return AuditWriter(self, log, checkpoints=checkpoints)
 

@@ -9,7 +9,7 @@
     slack.py   POST /slack/actions: Slack's signed clicks (broker.slack does the rest)
     auth.py    approvers' hashed tokens, sessions, CSRF
     inbox.py   what all share: the web's own ledger connections, cards, decisions
-    cards.py   what the inbox adds to a card: summary, markers, output warnings, filters
+               (what a list shows of a card is broker.approval.card)
     render.py  untrusted text as HTML, hidden characters shown
     server.py  WebServer (uvicorn on a thread) and start_web for serve/run
     cli.py     `broker web token NAME`

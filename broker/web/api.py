@@ -12,12 +12,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 
+from broker.approval.card import Narrowing
 from broker.clock import parse_duration
 from broker.errors import BrokerError, RequestNotFound
-from broker.ledger import Record
-from broker.models import now
+from broker.models import Record, now
 from broker.web.auth import Gate, Identity, same_secret
-from broker.web.cards import Narrowing
 from broker.web.inbox import Filters, Inbox, Pick, Picked, Refused, State
 from broker.web.shapes import (
     REQUEST_ID,

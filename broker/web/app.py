@@ -41,7 +41,7 @@ from broker.web.auth import Gate, Sessions, load_approvers
 from broker.web.inbox import Inbox
 
 if TYPE_CHECKING:
-    from broker.metrics import Metrics
+    from broker.observability.metrics import Metrics
 
 STATIC = Path(__file__).parent / "static"
 CSP = (

@@ -13,16 +13,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, get_args
 
-from broker import approval
+from broker.approval import decisions as approval
+from broker.approval.card import Narrowing, extend
 from broker.clock import now, parse_iso
 from broker.config import Config
 from broker.errors import DecisionError, RequestNotFound
 from broker.models import Record
-from broker.policy import batch_allowed
+from broker.observability.stats import summarize
+from broker.policy.ruleset import batch_allowed
 from broker.registry import Registry
-from broker.stats import summarize
 from broker.store.base import Store
-from broker.web.cards import Narrowing, extend
 
 LedgerFactory = Callable[[], Store]
 

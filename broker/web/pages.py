@@ -19,11 +19,11 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
-from broker.ledger import Record
+from broker.approval.card import service_warning
+from broker.models import Record
 from broker.render import neutralize
 from broker.web import render
 from broker.web.auth import LOGIN_COOKIE, SESSION_COOKIE, Gate, Identity, same_secret
-from broker.web.cards import service_warning
 from broker.web.inbox import STATES, Filters, Inbox
 
 TEMPLATES = Path(__file__).parent / "templates"

@@ -1,7 +1,7 @@
 """The inbox's "what would change" view (under History) and its API: a reviewer pastes or
 uploads a policy file and sees what replaying the ledger through it would change (as
 `broker policy replay`; read-only). And "Approve and propose a rule" on a request's
-card: the narrowest rule for it, stored as a proposal someone accepts (broker.proposals).
+card: the narrowest rule for it, stored as a proposal someone accepts (broker.review.proposals).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from broker.clock import now, parse_duration
 from broker.errors import BrokerError
-from broker.replay import MAX_POLICY_TEXT, policy_from_text, replay, replay_controls
+from broker.review.replay import MAX_POLICY_TEXT, policy_from_text, replay, replay_controls
 from broker.web.api import GUARDED, ApiError, InboxDep, Who, _responses
 from broker.web.auth import same_secret
 from broker.web.inbox import Inbox
@@ -113,10 +113,10 @@ async def replay_page(
 
 def propose_for(inbox: Inbox, sandbox: str, request_id: str, who: str) -> str:
     """After an approval on the card: the proposal's notice for the next page."""
-    from broker.approval import wake
-    from broker.drafting import DraftError
-    from broker.policy import load_policy
-    from broker.proposals import propose
+    from broker.approval.decisions import wake
+    from broker.policy.ruleset import load_policy
+    from broker.review.drafting import DraftError
+    from broker.review.proposals import propose
 
     registry = inbox.registry
     try:

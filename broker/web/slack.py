@@ -6,7 +6,7 @@ signed request is taken once: a replay is refused. The clicker's Slack user id m
 an approver's `slack_user`; anyone else gets a message back and decides nothing. A
 click is checked again against the request as the ledger holds it now: its rule must
 still allow Slack buttons, the sha256 on the button must be the request's, and the
-decision goes through the one path every surface uses (broker.approval.decide_and_wake)
+decision goes through the one path every surface uses (broker.approval.decisions.decide_and_wake)
 as surface `slack`. Then the message is updated to say who decided what.
 """
 

@@ -12,10 +12,10 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 
+from broker.approval.card import Narrowing, output_text
 from broker.errors import RequestNotFound
 from broker.web import render
 from broker.web.auth import Identity, same_secret
-from broker.web.cards import Narrowing, output_text
 from broker.web.inbox import Inbox, Pick, Refused
 from broker.web.pages import FormText, Pages, PagesDep
 from broker.web.shapes import MAX_BATCH

@@ -24,9 +24,9 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from broker import audit
-from broker.ledger import Ledger, Record
-from broker.models import TERMINAL
+from broker.audit import log as audit
+from broker.models import TERMINAL, Record
+from broker.store.sqlite import Ledger
 from broker.validation import load_schema
 
 BROKER = Path(sys.executable).with_name("broker")

@@ -19,11 +19,12 @@ from typing import Any
 
 import pytest
 
-from broker import approval, undo
-from broker.audit import AuditLog, flush
+from broker.approval import decisions as approval
+from broker.audit.log import AuditLog, flush
 from broker.faults import FAULT_POINTS
-from broker.ledger import Ledger
+from broker.lifecycle import undo
 from broker.models import TERMINAL, now, parse_iso
+from broker.store.sqlite import Ledger
 from tests.crash.support import (
     FIGURES,
     Receiver,

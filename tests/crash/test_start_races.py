@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from broker import approval
-from broker.audit import AuditLog, flush
-from broker.ledger import Ledger
-from broker.pipeline import Broker
+from broker.approval import decisions as approval
+from broker.audit.log import AuditLog, flush
+from broker.loop.pipeline import Broker
+from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness, FakeHandler
 
 GATE = {"rules": [{"effect": "test.record", "action": "approve", "reason": "a person looks"}]}

@@ -20,7 +20,7 @@ from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
 from broker.errors import ConfigError, EffectFailed, InvalidParams
-from broker.policy import parse_policy
+from broker.policy.ruleset import parse_policy
 from broker.testing import BrokerHarness
 from effects.http import HttpRequest
 from tests.effects.netfixtures import (  # noqa: F401  (fixtures, used by their names)

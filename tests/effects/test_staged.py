@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from pytest_httpserver import HTTPServer
 
-from broker.ledger import Ledger
+from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness
 from effects.github import IssueCreate, PullRequestCreate
 from tests.effects.conftest import S3_PLAIN, S3_VERSIONED

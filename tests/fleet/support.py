@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker import audit
+from broker.audit import log as audit
 from broker.models import TERMINAL, Record
 from broker.store.postgres import PostgresStore
 from broker.web.auth import hash_token

@@ -20,8 +20,8 @@ import atheris
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 with atheris.instrument_imports():
-    from broker import intake
     from broker.errors import Rejected
+    from broker.intake import claims as intake
     from broker.models import canonical
     from broker.validation import Validator
 

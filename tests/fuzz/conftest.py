@@ -21,17 +21,17 @@ from typing import Any
 
 import pytest
 
-from broker import approval
 from broker import clock as broker_clock
-from broker.audit import AuditLog, flush
+from broker.approval import decisions as approval
+from broker.audit.log import AuditLog, flush
 from broker.config import Config, Limits
 from broker.events import Rescan
-from broker.ledger import Ledger
+from broker.intake.outbox import attach
+from broker.loop.pipeline import Broker
 from broker.models import now as real_now
-from broker.outbox import attach
-from broker.pipeline import Broker
-from broker.policy import parse_policy
+from broker.policy.ruleset import parse_policy
 from broker.registry import Registry
+from broker.store.sqlite import Ledger
 from broker.testing import FakeHandler
 from tests.crash.support import read_results, soak
 

@@ -10,10 +10,10 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from broker import intake
 from broker.errors import PolicyError, Rejected
+from broker.intake import claims as intake
 from broker.models import STATUSES
-from broker.policy import ACTIONS, parse_policy
+from broker.policy.ruleset import ACTIONS, parse_policy
 from tests.crash.support import schema_problems
 from tests.fuzz.conftest import Driver, examples
 from tests.fuzz.strategies import JSON_VALUES, request_bytes

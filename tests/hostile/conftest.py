@@ -21,10 +21,11 @@ from typing import Any
 import docker
 import pytest
 
-from broker import inotify, sandbox
 from broker.config import Config, Limits
-from broker.pipeline import Broker
-from broker.policy import parse_policy
+from broker.hosting import sandbox
+from broker.intake import inotify
+from broker.loop.pipeline import Broker
+from broker.policy.ruleset import parse_policy
 from broker.registry import Registry
 from broker.testing import BrokerHarness, FakeHandler
 from tests.crash.support import read_results, wait_for

@@ -18,7 +18,7 @@ from typing import Any
 import docker
 import pytest
 
-from broker import sandbox
+from broker.hosting import sandbox
 from broker.models import TERMINAL
 from tests.crash.support import BrokerProcess, Site, read_results, soak, wait_for
 from tests.hostile.conftest import FIGURES, Ran

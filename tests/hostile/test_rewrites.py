@@ -10,7 +10,7 @@ import hashlib
 
 import pytest
 
-from broker import audit
+from broker.audit import log as audit
 from broker.models import canonical
 from tests.hostile.conftest import FIGURES, HostileHost
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from broker import inotify
-from broker.pipeline import Broker
+from broker.intake import inotify
+from broker.loop.pipeline import Broker
 from broker.testing import BrokerHarness, FakeHandler
 
 MAX_QUEUED = Path("/proc/sys/fs/inotify/max_queued_events")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from broker import ownership
+from broker.loop import ownership
 from tests.sandbox.conftest import agent_image, engine
 
 __all__ = ["agent_image", "engine"]

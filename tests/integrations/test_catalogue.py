@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from broker.catalogue import CATALOGUE_NAME
+from broker.loop.catalogue import CATALOGUE_NAME
 from broker.testing import BrokerHarness
 from tests.integrations.conftest import CLIENT
 

@@ -12,7 +12,7 @@ from typing import Any
 import docker
 import pytest
 
-from broker import sandbox
+from broker.hosting import sandbox
 from tests.integrations import mcp_scenarios as scenario
 from tests.integrations.conftest import Host
 

@@ -17,8 +17,8 @@ from typing import Any
 import docker
 import pytest
 
-from broker import sandbox
 from broker.errors import SandboxError
+from broker.hosting import sandbox
 
 CLIENT = Path(__file__).resolve().parents[2] / "sandbox_images" / "client" / "outbox.py"
 

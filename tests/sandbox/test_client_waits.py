@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from broker import audit
-from broker.approval import decide_and_wake
-from broker.ledger import Ledger
+from broker.approval.decisions import decide_and_wake
+from broker.audit import log as audit
+from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness, FakeHandler
 from tests.sandbox.conftest import CLIENT
 from tests.support import eventually

@@ -13,8 +13,8 @@ from typing import Any
 import docker
 import pytest
 
-from broker import sandbox
 from broker.errors import SandboxError
+from broker.hosting import sandbox
 
 # Reports what the sandbox looks like from inside, as JSON on stdout.
 PROBE = r"""

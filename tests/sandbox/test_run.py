@@ -15,7 +15,8 @@ import docker
 import pexpect
 import pytest
 
-from broker import audit, sandbox
+from broker.audit import log as audit
+from broker.hosting import sandbox
 from tests.support import Hook, eventually
 
 BROKER = str(Path(sys.executable).parent / "broker")

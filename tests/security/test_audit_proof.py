@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from broker.audit import line_hash
-from broker.checkpoints import audit_settings
+from broker.audit.checkpoints import audit_settings
+from broker.audit.log import line_hash
 from broker.config import load_config
 from broker.errors import ConfigError
 from broker.testing import BrokerHarness, FakeHandler

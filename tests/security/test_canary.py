@@ -29,7 +29,7 @@ from urllib.parse import quote, unquote
 import pytest
 import trustme
 
-from broker.notify import Notifier, Webhook
+from broker.approval.notify import Notifier, Webhook
 from broker.testing import BrokerHarness
 from tests.support import eventually
 

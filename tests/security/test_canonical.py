@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from broker.ledger import Ledger
 from broker.models import canonical, sha256_hex
+from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness
 from effects.netguard.urls import canonical_url
 from tests.support import checked

@@ -14,7 +14,7 @@ import pytest
 
 from broker.errors import ConfigError, DecisionError
 from broker.identity import approver_name, os_user
-from broker.ledger import Ledger
+from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness, FakeHandler
 from broker.web.auth import load_approvers
 from tests.support import BROKER

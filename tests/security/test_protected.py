@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from broker.policy import parse_policy
+from broker.policy.ruleset import parse_policy
 from broker.testing import BrokerHarness, make_context
 from effects.s3 import PutObject
 from tests.support import checked

@@ -13,7 +13,7 @@ import pytest
 
 from broker.clock import iso
 from broker.config import Config
-from broker.deadlines import Deadlines
+from broker.loop.deadlines import Deadlines
 from broker.models import Record
 from broker.registry import Registry
 from broker.render import neutralize

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from broker.approval import card
-from broker.ledger import Ledger
+from broker.approval.decisions import card
+from broker.store.sqlite import Ledger
 from tests.web.conftest import FILES_REASON, RECORD_REASON, TOKENS, Web
 
 GUARDED = [

@@ -10,7 +10,7 @@ from typing import Any
 
 from pytest_httpserver import HTTPServer
 
-from broker.ledger import Ledger
+from broker.store.sqlite import Ledger
 from tests.web.conftest import CAREFUL_REASON, RECORD_REASON, Web, csrf_of
 from tests.web.test_pages import form_post
 

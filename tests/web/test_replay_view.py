@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from broker.replay import replay, replay_controls
+from broker.review.replay import replay, replay_controls
 from broker.store.sqlite import SQLiteStore
 from tests.web.conftest import Web, csrf_of
 
@@ -39,7 +39,7 @@ def test_the_api_gives_the_cli_report(web: Web) -> None:
     assert (report["replayed"], report["unattended"], report["exit_code"]) == (5, 3, 3)
     assert report["by_effect"]["test.record"] == {"approve→auto": 3}
     ledger = SQLiteStore(web.harness.state / "ledger.sqlite3")
-    from broker.replay import policy_from_text
+    from broker.review.replay import policy_from_text
 
     same = replay(
         policy_from_text(LOOSER, web.harness.registry),

@@ -7,10 +7,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from broker.addresses import check_listen, parse_listen
 from broker.config import Config
 from broker.errors import ConfigError
 from broker.registry import Registry
-from broker.web.server import check_listen, parse_listen, start_web
+from broker.web.server import start_web
 
 
 def config(tmp_path: Path, **web: object) -> Config:

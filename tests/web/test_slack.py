@@ -20,14 +20,14 @@ from urllib.parse import urlencode
 import httpx
 import pytest
 
+from broker.approval.notify import attach
 from broker.config import Config, load_config
 from broker.errors import ConfigError
-from broker.ledger import Ledger
-from broker.notify import attach
 from broker.registry import Registry
 from broker.slack.notifier import SlackNotifier
 from broker.slack.settings import SlackSettings, slack_settings
 from broker.slack.signing import signature
+from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness, FakeHandler
 from broker.web.app import create_app
 from broker.web.auth import hash_token

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.staging import EVERY
+from broker.staged import EVERY
 from broker.web.server import WebServer
 from tests.web.conftest import RECORD_REASON, Switch, Web, _harness, _plugged
 

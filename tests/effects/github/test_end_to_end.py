@@ -6,8 +6,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from broker.approval import card, decide, nudge
-from broker.ledger import Ledger
+from broker.approval.decisions import card, decide, nudge
+from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness
 from tests.effects.github.support import REPO, TOKEN, Hub, pr
 

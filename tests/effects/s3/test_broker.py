@@ -6,8 +6,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker.approval import decide, nudge
-from broker.ledger import Ledger
+from broker.approval.decisions import decide, nudge
+from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness
 from effects import s3
 from tests.effects.conftest import S3_OUTSIDE, S3_PLAIN, S3_VERSIONED

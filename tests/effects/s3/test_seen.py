@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from broker.approval import decide, nudge
+from broker.approval.decisions import decide, nudge
 from broker.context import Memo
 from broker.errors import EffectFailed
-from broker.ledger import Ledger
+from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness, make_context
 from effects import s3
 from effects.base import Context

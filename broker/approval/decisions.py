@@ -1,0 +1,243 @@
+"""Decisions by people: approve or deny a pending request, with quorum.
+
+A decision names who decided, through which surface, the verdict, the reason, and the
+sha256 of the request the decider saw; a decision for any other sha256 is refused.
+Decisions are written to the ledger by whichever host-side surface took them (CLI,
+terminal prompt, web); the serving broker is nudged and applies what was approved.
+The sandbox has no way in: nothing here reads the outbox.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from broker import clock
+from broker.audit.checkpoints import audit_log
+from broker.audit.log import event as audit_event
+from broker.audit.log import flush
+from broker.clock import iso, parse_iso
+from broker.config import Config
+from broker.errors import BrokerError, DecisionError
+from broker.identity import approver_name, same_person
+from broker.lifecycle.transitions import Lifecycle
+from broker.models import Decision, Record
+from broker.policy.ruleset import batch_allowed, slack_buttons
+from broker.registry import Registry
+from broker.store.base import Store
+
+VERDICTS = ("approve", "deny")
+log = logging.getLogger("broker.approval.decisions")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a decision did: the request as it now stands, and whether it is settled."""
+
+    record: Record
+    settled: bool
+    approvals: int
+    needed: int
+
+
+def needed(record: Record) -> int:
+    return int((record.verdict or {}).get("approvals", 1))
+
+
+def approvers(ledger: Store, record: Record) -> list[str]:
+    return [d.approver for d in ledger.decisions(*record.key) if d.verdict == "approve"]
+
+
+def decide(
+    ledger: Store,
+    ref: str,
+    verdict: str,
+    *,
+    approver: str,
+    reason: str | None,
+    surface: str,
+    sha256: str | None,
+) -> Outcome:
+    """Record one person's verdict on a pending request; settle it when quorum is met.
+
+    `sha256` is what the decider saw (a prefix of at least 12 hex digits is accepted
+    from a terminal); None means "the request as recorded", for surfaces that show it.
+    """
+    if verdict not in VERDICTS:
+        raise DecisionError(f"verdict must be approve or deny, not {verdict!r}")
+    if verdict == "deny" and not (reason and reason.strip()):
+        raise DecisionError("a denial needs a reason: it goes back to the agent")
+    if not approver.strip():
+        raise DecisionError("a decision needs the name of the person who took it")
+    approver = approver_name(approver)  # `Alice` and "alice " are one person to a quorum
+    with ledger.transaction():
+        record = ledger.find(ref)
+        _check_decidable(record, sha256)
+        previous = ledger.decisions(*record.key)
+        if any(same_person(d.approver, approver) for d in previous):
+            raise DecisionError(
+                f"{approver} has already decided on {record.sandbox}/{record.id}; "
+                "a quorum needs different people"
+            )
+        stamp = iso(clock.now())
+        assert stamp is not None
+        decision = Decision(
+            record.sandbox,
+            record.id,
+            approver,
+            verdict,
+            reason,
+            surface,
+            record.sha256 or "",
+            stamp,
+        )
+        ledger.add_decision(decision)
+        ledger.queue_audit(
+            audit_event(
+                "decision",
+                record,
+                stamp,
+                by=approver,
+                verdict=verdict,
+                reason=reason,
+                surface=surface,
+            )
+        )
+        return _settle(ledger, record, [*previous, decision], stamp)
+
+
+def _check_decidable(record: Record, sha256: str | None) -> None:
+    """Refuse a decision on a request that is not waiting, past its deadline, or other
+    bytes than the decider saw."""
+    where = f"{record.sandbox}/{record.id}"
+    if record.state != "pending":
+        raise DecisionError(f"{where} is not waiting for a decision (it is {record.state})")
+    deadline = parse_iso(record.expires_at)
+    if deadline is not None and deadline <= clock.now():
+        raise DecisionError(
+            f"{where}: its deadline passed at {record.expires_at}; "
+            f"it resolves by its on_timeout ({record.on_timeout})"
+        )
+    if sha256 is not None and not _same_sha(sha256, record.sha256 or ""):
+        raise DecisionError(
+            f"{where}: the decision is for request {sha256[:12]}…, "
+            f"but the request is {str(record.sha256)[:12]}…; look at it again"
+        )
+
+
+def _settle(ledger: Store, record: Record, decisions: list[Decision], stamp: str) -> Outcome:
+    """A denial settles it; approvals settle it once there are enough of them."""
+    last = decisions[-1]
+    need = needed(record)
+    approvals = [d for d in decisions if d.verdict == "approve"]
+    life = Lifecycle(ledger)
+    if last.verdict == "deny":
+        record = life.refuse(record, last.approver, str(last.reason), stamp)
+        return Outcome(record, True, len(approvals), need)
+    if len(approvals) < need:
+        return Outcome(record, False, len(approvals), need)
+    said = "; ".join(f"{d.approver}: {d.reason}" if d.reason else d.approver for d in approvals)
+    by = ", ".join(d.approver for d in approvals)
+    record = life.approve(record, by, f"approved by {said}", stamp)
+    return Outcome(record, True, len(approvals), need)
+
+
+def decide_and_wake(
+    config: Config,
+    ledger: Store,
+    ref: str,
+    verdict: str,
+    *,
+    approver: str,
+    reason: str | None,
+    surface: str,
+    sha256: str | None,
+) -> Outcome:
+    """What every surface does: `decide`, append its audit events, wake the broker."""
+    outcome = decide(
+        ledger, ref, verdict, approver=approver, reason=reason, surface=surface, sha256=sha256
+    )
+    wake(config, ledger, f"decision on {ref}")
+    return outcome
+
+
+def wake(config: Config, ledger: Store, what: str) -> None:
+    """After a surface committed a change: append its audit lines, wake the broker."""
+    try:
+        flush(ledger, audit_log(config))
+    except (BrokerError, OSError):
+        # the change is committed; the serving broker appends its audit lines
+        log.warning("%s recorded; audit flush left to the broker", what)
+    nudge(config.state_dir)
+
+
+def _same_sha(seen: str, actual: str) -> bool:
+    seen = seen.strip().lower()
+    return len(seen) >= 12 and actual.startswith(seen)
+
+
+def nudge(state_dir: Path) -> None:
+    """Wake a serving broker: it reloads decisions from the ledger."""
+    control = state_dir / "control"
+    try:
+        control.mkdir(parents=True, exist_ok=True)
+        fd = os.open(control / "nudge", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+    except OSError:
+        pass  # the broker's periodic reload picks the decision up anyway
+
+
+def card(ledger: Store, record: Record, registry: Registry | None = None) -> dict[str, Any]:
+    """Everything a person needs to decide, from the ledger: the same for CLI and web."""
+    verdict = record.verdict or {}
+    preview = record.preview or {}
+    effect = record.effect or ""
+    handler = registry.get(effect) if registry and effect in registry else None
+    expires = parse_iso(record.expires_at)
+    left = (expires - clock.now()).total_seconds() if expires else None
+    return {
+        "sandbox": record.sandbox,
+        "id": record.id,
+        "ref": f"{record.sandbox}/{record.id}",
+        "effect": record.effect,
+        "status": record.state,
+        "request_sha256": record.sha256,
+        "received_at": record.received_at,
+        "what": {
+            "title": preview.get("title", ""),
+            "body": preview.get("body", ""),
+            "body_kind": preview.get("body_kind", "text"),
+            "facts": preview.get("facts", []),
+        },
+        "where": preview.get("target", record.effect),
+        "why": {"rule": verdict.get("rule"), "reason": verdict.get("reason")},
+        "if_nobody_answers": {
+            "expires_at": record.expires_at,
+            "seconds_left": None if left is None else max(0.0, round(left, 1)),
+            "on_timeout": record.on_timeout,
+        },
+        "agent_reason": record.envelope.get("reason"),
+        "reversible": record.reversible,
+        "idempotent": handler.idempotent if handler else None,
+        "undo": handler.undo if handler else None,
+        "approvals": {"have": approvers(ledger, record), "needed": needed(record)},
+        "batch": batch_allowed(verdict),
+        "slack_buttons": slack_buttons(verdict, record.reversible),
+        "decided_by": record.decided_by,
+        "reason": record.reason,
+        "decisions": [
+            {
+                "approver": d.approver,
+                "verdict": d.verdict,
+                "reason": d.reason,
+                "surface": d.surface,
+                "at": d.at,
+                "sha256": d.sha256,
+            }
+            for d in ledger.decisions(*record.key)
+        ],
+    }

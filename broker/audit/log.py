@@ -1,0 +1,424 @@
+"""The audit log: append-only JSONL, one event per line, each line hash-chained.
+
+Every line carries `prev`, the hash of the line before it, and `hash`: with the host's
+audit key (`[audit] key_env`/`key_file`, kept outside the state dir) the HMAC-SHA256 of
+its canonical form without `hash` under that key, marked `"alg": "hmac-sha256"`;
+without one, its sha256. Editing, removing or reordering any line breaks the chain at
+that line, and `verify` says which. Without the key nobody can append a line or re-seal
+the chain so that it verifies; the signed checkpoints exported off the state dir
+(broker.audit.checkpoints) show a log cut short or rewritten by whoever holds it. Events
+reach the log through the store's queue (broker.store.base), each exactly once, in order.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import hmac
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from broker.errors import AuditError
+from broker.models import Record, canonical, sha256_hex
+
+GENESIS = "0" * 64
+T = TypeVar("T")
+
+
+def event(kind: str, record: Record, at: str | None = None, **extra: Any) -> dict[str, Any]:
+    """One audit event about `record`; None-valued extras are left out."""
+    from broker.models import iso, now
+
+    entry: dict[str, Any] = {
+        "at": at or iso(now()),
+        "event": kind,
+        "sandbox": record.sandbox,
+        "id": record.id,
+        "effect": record.effect,
+        "sha256": record.sha256,
+    }
+    entry.update({k: v for k, v in extra.items() if v is not None})
+    return entry
+
+
+KEYED = "hmac-sha256"
+
+
+def line_hash(entry: dict[str, Any], key: bytes | None = None) -> str:
+    """A line's hash: keyed (HMAC-SHA256) when the line says so, else its sha256."""
+    body = canonical({k: v for k, v in entry.items() if k != "hash"})
+    if entry.get("alg") == KEYED:
+        if key is None:
+            raise AuditError("a keyed audit line cannot be checked without the audit key")
+        return hmac.new(key, body, hashlib.sha256).hexdigest()
+    return sha256_hex(body)
+
+
+def chain(
+    events: Sequence[tuple[int, dict[str, Any]]], head: str, key: bytes | None = None
+) -> tuple[list[bytes], str]:
+    """Chain `events` ((seq, event), in order) after `head`, keyed under `key` when
+    given: their lines and the new head (the file log and a shared store alike)."""
+    lines: list[bytes] = []
+    for seq, event in events:
+        entry = {"seq": seq, **event, "prev": head}
+        if key is not None:
+            entry["alg"] = KEYED
+        entry["hash"] = head = line_hash(entry, key)
+        lines.append(canonical(entry))
+    return lines, head
+
+
+class Queue(Protocol):
+    """Where events wait for the log: the store's audit queue, written in the same
+    transaction as the change each records (broker.store.base.Store has these)."""
+
+    def audit_backlog(self, after: int = 0) -> list[tuple[int, dict[str, Any]]]: ...
+
+    def drop_audit(self, upto: int, head: str) -> None: ...
+
+    def transaction(self) -> AbstractContextManager[None]: ...
+
+
+@dataclass(frozen=True)
+class Fault:
+    """The first place where the chain does not hold."""
+
+    line: int
+    problem: str
+
+
+class AuditLog:
+    """Appends events, chained, to `path`; reads them back for verify/tail/export."""
+
+    def __init__(self, path: Path, key: bytes | None = None) -> None:
+        self.path = path
+        self.key = key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock_path = path.with_name(path.name + ".lock")
+        with self._locked():
+            self.last_seq, self.head = self._recover_tail()
+
+    def _locked(self) -> _Flock:
+        return _Flock(self._lock_path)
+
+    def _recover_tail(self) -> tuple[int, str]:
+        """Drop a torn last line (a crash mid-write), then read the chain's head."""
+        if not self.path.exists():
+            return 0, GENESIS
+        with self.path.open("rb+") as f:
+            size = f.seek(0, os.SEEK_END)
+            span = 4096
+            while True:
+                if size == 0:
+                    return 0, GENESIS
+                start = max(0, size - span)
+                f.seek(start)
+                tail = f.read()
+                if not tail.endswith(b"\n"):
+                    cut = tail.rfind(b"\n")
+                    size = start + cut + 1 if cut >= 0 else start
+                    f.truncate(size)
+                    continue
+                lines = tail.rstrip(b"\n").split(b"\n")
+                if len(lines) >= 2 or start == 0:
+                    break
+                span *= 4
+            if not lines or not lines[-1]:
+                return 0, GENESIS
+            try:
+                last = json.loads(lines[-1])
+                return int(last["seq"]), str(last["hash"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise AuditError(f"{self.path}: the last line is not an audit event") from exc
+
+    def append(self, events: list[tuple[int, dict[str, Any]]], *, sync: bool = True) -> int:
+        """Append queued events not yet in the log; return the last seq.
+
+        Several processes may append (the broker, a CLI decision): under a lock, the
+        head is read again so the chain never forks. With `sync=False` the caller
+        fsyncs later (`sync()`), and keeps the events queued in the ledger until then.
+        """
+        with self._locked():
+            self.last_seq, self.head = self._recover_tail()
+            return self._append(events, sync)
+
+    def sync(self) -> None:
+        """Make what was appended durable."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            raise AuditError(f"{self.path}: cannot sync: {exc.strerror}") from exc
+        finally:
+            os.close(fd)
+
+    def _append(self, events: list[tuple[int, dict[str, Any]]], sync: bool) -> int:
+        fresh = [(seq, e) for seq, e in events if seq > self.last_seq]  # not before a crash
+        if not fresh:
+            return self.last_seq
+        lines, head = chain(fresh, self.head, self.key)
+        return self._write([line + b"\n" for line in lines], sync, fresh[-1][0], head)
+
+    def append_lines(self, lines: Iterable[tuple[int, str]], *, sync: bool = False) -> int:
+        """Copy lines chained elsewhere (a shared store's chain), skipping those held."""
+        with self._locked():
+            self.last_seq, self.head = self._recover_tail()
+            fresh = [(seq, line) for seq, line in lines if seq > self.last_seq]
+            if not fresh:
+                return self.last_seq
+            last = json.loads(fresh[-1][1])
+            data = [line.encode("utf-8") + b"\n" for _, line in fresh]
+            return self._write(data, sync, int(last["seq"]), str(last["hash"]))
+
+    def _write(self, lines: list[bytes], sync: bool, last: int, head: str) -> int:
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                data = b"".join(lines)
+                written = os.write(fd, data)
+                while written < len(data):
+                    written += os.write(fd, data[written:])
+                if sync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise AuditError(f"{self.path}: cannot append: {exc.strerror}") from exc
+        self.head, self.last_seq = head, last
+        return last
+
+
+class _Flock:
+    """An exclusive lock on a side file, released on exit."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._fd = -1
+
+    def __enter__(self) -> None:
+        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self._fd)
+
+
+class AuditWriter:
+    """The serving broker's side of the log: events queued in the ledger are appended
+    after each commit, and fsynced at most once a second (or when idle). Until an
+    event's line is fsynced it stays queued in the ledger, so a crash loses none:
+    they are appended again at start. `durable` is what the next transaction may
+    drop from the queue."""
+
+    def __init__(
+        self,
+        ledger: Queue,
+        log: AuditLog,
+        sync_every_s: float = 1.0,
+        checkpoints: Callable[[int, str, bool], None] | None = None,
+    ) -> None:
+        self.ledger = ledger
+        self.log = log
+        self.checkpoints = checkpoints  # told of each durable head; exports some of them
+        self.sync_every_s = sync_every_s
+        self.durable: tuple[int, str] | None = None
+        self._appended = 0  # the last event appended to the log (maybe not fsynced)
+        self._synced = 0
+        self._synced_at = 0.0
+        self._undurable_since: float | None = None  # when the oldest unsynced line went in
+        # observers (broker.observability.tap): the events each flush appended; each sync's lag
+        self.observers: list[Callable[[list[dict[str, Any]]], None]] = []
+        self.on_sync: list[Callable[[float], None]] = []
+
+    def flush(self) -> None:
+        backlog = self.ledger.audit_backlog(after=self._appended)
+        if backlog:
+            self._appended = self.log.append(backlog, sync=False)
+            if self._undurable_since is None:
+                self._undurable_since = time.monotonic()
+        if self.observers:
+            tell(self.observers, [event for _, event in backlog])
+        if time.monotonic() - self._synced_at >= self.sync_every_s:
+            self.sync()
+
+    def sync(self, final: bool = False) -> None:
+        """Make what was appended durable; `final` (at stop) also exports a checkpoint."""
+        if self._appended > self._synced:
+            self.log.sync()
+            self._synced = self._appended
+            self.durable = (self._appended, self.log.head)
+            if self.on_sync and self._undurable_since is not None:
+                tell(self.on_sync, time.monotonic() - self._undurable_since)
+            self._undurable_since = None
+            if self.checkpoints is not None:
+                self.checkpoints(self._appended, self.log.head, False)
+        if final and self.checkpoints is not None and self._synced:
+            self.checkpoints(self._synced, self.log.head, True)
+        self._synced_at = time.monotonic()
+
+    def undurable_for(self) -> float:
+        """How long the oldest line appended but not yet fsynced has waited (0: none)."""
+        since = self._undurable_since
+        return 0.0 if since is None else max(0.0, time.monotonic() - since)
+
+    def take_durable(self) -> tuple[int, str] | None:
+        durable, self.durable = self.durable, None
+        return durable
+
+
+def tell(observers: list[Callable[[T], None]], value: T) -> None:
+    """Observers never break the log: their failures are logged, the events stand."""
+    for observer in observers:
+        try:
+            observer(value)
+        except Exception:
+            logging.getLogger("broker").exception("an audit observer failed")
+
+
+def flush(ledger: Queue, log: AuditLog) -> None:
+    """Append the ledger's queued events to the log and forget them (for CLI surfaces)."""
+    backlog = ledger.audit_backlog()
+    if backlog:
+        last = log.append(backlog)
+        with ledger.transaction():
+            ledger.drop_audit(last, log.head)
+
+
+def read_events(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, str]]:
+    """(line number, parsed event or None, raw text) for each line of the log."""
+    if not path.exists():
+        return
+    with path.open("r", encoding="utf-8", errors="replace") as f:
+        yield from parse_lines(raw.rstrip("\n") for raw in f)
+
+
+def parse_lines(lines: Iterable[str]) -> Iterator[tuple[int, dict[str, Any] | None, str]]:
+    """(line number, parsed event or None, raw text) for each line of a chain."""
+    for number, text in enumerate(lines, 1):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            yield number, None, text
+            continue
+        yield number, value if isinstance(value, dict) else None, text
+
+
+@dataclass(frozen=True)
+class Report:
+    """What `check` found: lines checked, the first fault, how many lines (from the
+    start) carry only a sha256 chain (written before a key was configured)."""
+
+    count: int
+    fault: Fault | None
+    unkeyed: int = 0
+    hashes: dict[int, str] = field(default_factory=dict)
+
+
+def verify(path: Path, expected_head: tuple[int, str] | None = None) -> tuple[int, Fault | None]:
+    """Check the whole chain of an unkeyed log: (lines checked, first fault or None)."""
+    report = check(path, expected_head)
+    return report.count, report.fault
+
+
+def verify_lines(
+    lines: Iterable[tuple[int, dict[str, Any] | None, str]],
+    expected_head: tuple[int, str] | None = None,
+    key: bytes | None = None,
+) -> tuple[int, Fault | None]:
+    """`verify` over (line number, parsed event or None, raw text) from any source."""
+    report = check_lines(lines, expected_head, key)
+    return report.count, report.fault
+
+
+def check(
+    path: Path, expected_head: tuple[int, str] | None = None, key: bytes | None = None
+) -> Report:
+    """The log file's chain, checked (`check_lines`)."""
+    return check_lines(read_events(path), expected_head, key)
+
+
+def check_lines(
+    lines: Iterable[tuple[int, dict[str, Any] | None, str]],
+    expected_head: tuple[int, str] | None = None,
+    key: bytes | None = None,
+) -> Report:
+    """Check a whole chain, keyed lines under `key`.
+
+    `expected_head` is the (seq, hash) the ledger last saw appended; a log cut short
+    before it is reported too. A keyed line without the key, a key that does not match,
+    and an unkeyed line after a keyed one (appended by someone without the key) are
+    faults.
+    """
+    prev, last_seq, count, seen_head = GENESIS, 0, 0, expected_head is None
+    unkeyed, keyed_seen = 0, False
+    hashes: dict[int, str] = {}
+    for number, entry, _raw in lines:
+        count = number
+        fault = _line_fault(number, entry, prev, last_seq, key, keyed_seen)
+        if fault is not None:
+            return Report(count, fault, unkeyed, hashes)
+        assert entry is not None
+        keyed_seen = keyed_seen or entry.get("alg") == KEYED
+        unkeyed += 0 if keyed_seen else 1
+        prev, last_seq = str(entry["hash"]), int(entry["seq"])
+        hashes[last_seq] = prev
+        if expected_head and (last_seq, prev) == expected_head:
+            seen_head = True
+    if not seen_head and expected_head is not None:
+        fault = Fault(
+            count + 1,
+            f"the log ends before event {expected_head[0]}, which the ledger recorded as "
+            "appended: lines were removed from the end",
+        )
+        return Report(count, fault, unkeyed, hashes)
+    return Report(count, None, unkeyed, hashes)
+
+
+def _line_fault(
+    number: int,
+    entry: dict[str, Any] | None,
+    prev: str,
+    last_seq: int,
+    key: bytes | None,
+    keyed_seen: bool,
+) -> Fault | None:
+    if entry is None:
+        return Fault(number, "not a JSON object: the line was edited or damaged")
+    if entry.get("prev") != prev:
+        return Fault(
+            number,
+            "its prev hash does not match the line before: a line was removed, "
+            "inserted or moved here",
+        )
+    keyed = entry.get("alg") == KEYED
+    if keyed and key is None:
+        return Fault(
+            number,
+            "the line is keyed (hmac-sha256) and no audit key was given: verify with the "
+            "host's [audit] key_env or key_file",
+        )
+    if keyed_seen and not keyed:
+        return Fault(
+            number,
+            "an unkeyed line after keyed ones: it was appended by someone without the audit key",
+        )
+    if entry.get("hash") != line_hash(entry, key):
+        what = "or the key is not the one that wrote it" if keyed else ""
+        return Fault(
+            number, f"its content does not match its hash: the line was edited {what}".strip()
+        )
+    seq = entry.get("seq")
+    if not isinstance(seq, int) or seq <= last_seq:
+        return Fault(number, "its sequence number goes backwards: lines were reordered")
+    return None

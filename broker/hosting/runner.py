@@ -1,0 +1,158 @@
+"""`broker run`: one sandbox, served from start to exit, then drained and removed.
+
+The lifecycle only: the sandbox's outbox is served while the container runs (by the
+broker that owns the state dir, else by one run here: broker.hosting.serving); when it exits,
+what is left in the outbox is processed, a summary is printed and the container
+removed (also on Ctrl-C and on errors).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from broker.approval.notify import Notifier
+from broker.config import Config
+from broker.hosting import sandbox
+from broker.hosting.serving import Serving
+from broker.models import Record
+from broker.policy.ruleset import Policy
+from broker.registry import Registry
+
+log = logging.getLogger("broker.run")
+
+
+@dataclass
+class RunOptions:
+    command: Sequence[str]
+    image: str | None = None
+    name: str | None = None
+    workspace: Path | None = None
+    detach: bool = False
+    on_pending: Callable[[Record], None] | None = None
+    notifier: Notifier | None = None  # [notify] webhooks, as `broker serve` tells them
+    say: Callable[[str], None] = print
+
+
+def new_sandbox_id(name: str | None) -> str:
+    return name or f"sb-{secrets.token_hex(4)}"
+
+
+def limits_from(config: Config) -> sandbox.SandboxLimits:
+    """[sandbox] pids, memory, cpus, tmpfs from broker.toml, over sane defaults."""
+    section = config.sandbox
+    base = sandbox.SandboxLimits()
+    cpus = section.get("cpus")
+    return sandbox.SandboxLimits(
+        pids=int(section.get("pids", base.pids)),
+        memory=str(section.get("memory", base.memory)),
+        nano_cpus=int(float(cpus) * 1e9) if cpus is not None else base.nano_cpus,
+        tmpfs_size=str(section.get("tmpfs", base.tmpfs_size)),
+    )
+
+
+def extra_env(config: Config) -> dict[str, str]:
+    """Only what [sandbox] env explicitly lists: names whose values come from the host."""
+    import os
+
+    names = config.sandbox.get("env", [])
+    return {name: os.environ[name] for name in names if name in os.environ}
+
+
+def run(config: Config, registry: Registry, policy: Policy, options: RunOptions) -> int:
+    """Start the sandbox, serve it until it exits, drain, summarise; return its exit code."""
+    client = sandbox.engine()
+    image = options.image or str(config.sandbox.get("image", sandbox.DEFAULT_IMAGE))
+    if image == sandbox.DEFAULT_IMAGE:
+        sandbox.ensure_image(client, image, log=options.say)
+    sandbox_id = new_sandbox_id(options.name)
+    paths = sandbox.prepare_dirs(config.state_dir, sandbox_id)
+
+    def start() -> Any:
+        return sandbox.start(
+            client,
+            paths,
+            image,
+            options.command,
+            limits=limits_from(config),
+            env=extra_env(config),
+            workspace=options.workspace,
+            name=f"broker-{sandbox_id}",
+        )
+
+    if options.detach:
+        detached = start()
+        options.say(
+            f"sandbox {sandbox_id} started (container {detached.short_id}); "
+            "serve it with: broker serve"
+        )
+        return 0
+    serving = Serving(
+        config,
+        registry,
+        policy,
+        sandbox_id,
+        on_pending=options.on_pending,
+        notifier=options.notifier,
+        say=options.say,
+    )
+    serving.start()
+    try:
+        code = _attached(start, options, f"sandbox {sandbox_id}: running", image)
+    finally:
+        serving.finish()
+    options.say(summary(config, sandbox_id, code))
+    return code
+
+
+def _attached(start: Callable[[], Any], options: RunOptions, running: str, image: str) -> int:
+    """Run the container to its end, its output streamed; it is removed in every case."""
+    container: Any = None
+    try:
+        container = start()
+        options.say(f"{running} {' '.join(options.command)} in {image}")
+        output = threading.Thread(
+            target=_stream_logs, args=(container, options.say), name="sandbox-logs", daemon=True
+        )
+        output.start()
+        outcome = container.wait()
+        output.join(5)
+        return int(outcome.get("StatusCode", 1))
+    finally:
+        if container is not None:
+            sandbox.remove(container)
+
+
+def summary(config: Config, sandbox_id: str, code: int) -> str:
+    from broker.fleet import qualify
+    from broker.store.factory import open_store
+
+    ledger = open_store(config)
+    try:
+        counts = ledger.counts(qualify(ledger.host, sandbox_id))
+    finally:
+        ledger.close()
+    parts = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "no requests"
+    return f"sandbox {sandbox_id} exited with {code}: {parts}"
+
+
+def _stream_logs(container: Any, say: Callable[[str], None]) -> None:
+    """The agent's output, line by line, neutralised: it is untrusted text."""
+    from broker.render import neutralize
+
+    pending = b""
+    try:
+        for chunk in container.logs(stream=True, follow=True):
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                say("  │ " + neutralize(line.decode("utf-8", "replace")))
+    except Exception:  # the agent's output is a courtesy; the run goes on
+        log.debug("log stream ended", exc_info=True)
+    if pending:
+        say("  │ " + neutralize(pending.decode("utf-8", "replace")))

@@ -1,0 +1,175 @@
+"""One sandbox served for as long as it lives: by the broker that owns the state dir
+when there is one (handed over through its control socket, broker.loop.ownership), else
+by a broker this process runs. If the owner goes away meanwhile, this process takes
+over: nothing the sandbox wrote waits for long, and nothing is served twice."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from broker.approval.notify import Notifier
+from broker.config import Config
+from broker.errors import BrokerError, StateBusy
+from broker.fleet import qualify
+from broker.intake.outbox import from_layout
+from broker.loop import ownership
+from broker.loop.pipeline import Broker
+from broker.models import Record
+from broker.policy.ruleset import Policy
+from broker.registry import Registry
+from broker.store.factory import open_store
+
+log = logging.getLogger("broker.run")
+TAKEOVER_S = 30.0  # how long to try to become the owner when the owner went away
+
+
+class Serving:
+    """Serves `sandbox_id` from `start()` until `finish()`, owner or client."""
+
+    def __init__(
+        self,
+        config: Config,
+        registry: Registry,
+        policy: Policy,
+        sandbox_id: str,
+        *,
+        on_pending: Callable[[Record], None] | None = None,
+        notifier: Notifier | None = None,
+        say: Callable[[str], None] = print,
+    ) -> None:
+        self.config = config
+        self.registry = registry
+        self.policy = policy
+        self.sandbox_id = sandbox_id
+        self.on_pending = on_pending
+        self.notifier = notifier
+        self.say = say
+        self.broker: Broker | None = None
+        self._client: ownership.ControlClient | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._failure: list[BaseException] = []
+        self._lock = threading.Lock()
+        self._finishing = False
+
+    @property
+    def owner(self) -> bool:
+        return self.broker is not None
+
+    def start(self) -> None:
+        """Hand the sandbox to the owner, or become the owner; raises what stops both."""
+        with self._lock:
+            self._attach(deadline=time.monotonic() + TAKEOVER_S)
+
+    def finish(self) -> None:
+        """The sandbox exited: see what it left processed, then let go."""
+        with self._lock:
+            self._finishing = True
+            client = self._client
+        if client is not None:
+            try:
+                client.release()
+                client.close()
+                return
+            except ownership.OwnerGone:
+                client.close()
+                with self._lock:
+                    self._client = None
+                    self._attach(time.monotonic() + TAKEOVER_S, client_ok=False)
+        self._stop_own()
+
+    # -- how ------------------------------------------------------------------------------
+
+    def _attach(self, deadline: float, client_ok: bool = True) -> None:
+        """Serve through the owner if one answers, else as the owner (lock held)."""
+        while True:
+            if client_ok and ownership.served(self.config.state_dir):
+                client = ownership.connect(
+                    self.config.state_dir, self._pending_id, on_gone=self._owner_gone
+                )
+                if client is not None:
+                    try:
+                        client.serve(self.sandbox_id)
+                    except ownership.OwnerGone:
+                        client.close()
+                    else:
+                        self._client = client
+                        owner = ownership.read_owner(self.config.state_dir)
+                        self.say(f"broker: handed sandbox {self.sandbox_id} to {owner}")
+                        return
+            try:
+                self._run_own()
+                return
+            except StateBusy:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)  # the owner is starting or stopping: ask again
+
+    def _run_own(self) -> None:
+        broker = Broker(self.config, self.registry, self.policy)
+        broker.command = "broker run"
+        broker.lock.acquire(broker.command)  # StateBusy: someone else owns it
+        try:
+            broker.add(from_layout(self.config.sandboxes_dir, self.sandbox_id))
+        except BaseException:
+            broker.lock.release()
+            broker.ledger.close()
+            raise
+        if self.notifier is not None:
+            broker.notify_with(self.notifier)
+        if self.on_pending is not None:
+            tell = self.on_pending
+            broker.on_change.append(
+                lambda r: tell(r) if r.state == "pending" and r.sandbox == self.sandbox_id else None
+            )
+        ready = threading.Event()
+
+        def serve() -> None:
+            try:
+                broker.serve(self._stop, ready=ready.set, drain=True)
+            except BaseException as exc:
+                self._failure.append(exc)
+                ready.set()
+
+        self._thread = threading.Thread(target=serve, name="broker-serve", daemon=True)
+        self._thread.start()
+        ready.wait(60)
+        if self._failure:
+            raise self._failure[0]
+        self.broker = broker
+
+    def _stop_own(self) -> None:
+        if self._thread is None or self.broker is None:
+            return
+        self._stop.set()
+        self.broker.wake()
+        self._thread.join(120)
+        if self._failure:
+            raise self._failure[0]
+
+    def _pending_id(self, request_id: str) -> None:
+        if self.on_pending is None:
+            return
+        ledger = open_store(self.config)
+        try:
+            record = ledger.get(qualify(ledger.host, self.sandbox_id), request_id)
+        finally:
+            ledger.close()
+        if record is not None:
+            self.on_pending(record)
+
+    def _owner_gone(self) -> None:
+        """The owner closed our connection: take its place (or find the next owner)."""
+        with self._lock:
+            if self._finishing or self._client is None:
+                return
+            self._client.close()
+            self._client = None
+            self.say(f"broker: the serving broker went away; serving {self.sandbox_id} here")
+            try:
+                self._attach(time.monotonic() + TAKEOVER_S)
+            except BrokerError as exc:
+                log.error("sandbox %s: cannot go on serving it: %s", self.sandbox_id, exc)

@@ -1,0 +1,349 @@
+"""One owner per state dir. The process that serves it (`serve`, `run`, the inbox's
+broker) holds an exclusive lock on `<state>/broker.lock` for its whole life; a second
+one never runs a second pipeline. Other processes on the host talk to the owner
+through `<state>/control/broker.sock` (owner-only): `broker run` hands it a sandbox
+and waits for it like any served sandbox. Reading the ledger and taking decisions
+need no lock. With a shared store (PostgreSQL), the owner also holds its host's lease
+there (store/leases.py), taken after the state dir's lock and given back before it.
+
+The control protocol is JSON lines over that socket:
+
+    → {"op": "serve", "sandbox": ID}      ← {"ok": true} | {"ok": false, "error": …}
+    ← {"event": "pending", "id": RID}     (for each request of ID that starts waiting)
+    → {"op": "release"}                   ← {"ok": true, "released": true} once drained
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from broker import clock
+from broker.errors import BrokerError, LeaseLost, StateBusy
+from broker.events import Control, Event
+from broker.store.base import Lease
+
+log = logging.getLogger("broker.loop.ownership")
+MAX_LINE = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who holds a state dir: its pid, what it runs, since when."""
+
+    pid: int
+    command: str
+    since: str
+
+    def __str__(self) -> str:
+        return f"pid {self.pid}, `{self.command}`, since {self.since}"
+
+
+class StateLock:
+    """The state dir's exclusive lock, held for the owner's lifetime (flock: the kernel
+    drops it when the process dies, kill -9 included)."""
+
+    def __init__(self, state_dir: Path, lease: Lease | None = None) -> None:
+        self.state_dir = state_dir
+        self.path = state_dir / "broker.lock"
+        self.lease = lease
+        self._fd = -1
+
+    @property
+    def held(self) -> bool:
+        return self._fd >= 0
+
+    def acquire(self, command: str) -> None:
+        """Take the lock or raise StateBusy naming the process that has it."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            owner = read_owner(self.state_dir)
+            who = f" ({owner})" if owner else ""
+            raise StateBusy(
+                f"another broker{who} serves {self.state_dir}; stop it first, or use "
+                "`broker run`, which hands its sandbox to the running broker"
+            ) from None
+        if self.lease is not None:
+            try:
+                self.lease.acquire(command)  # StateBusy naming the holder, or the store's error
+            except BaseException:
+                os.close(fd)
+                raise
+        info = {"pid": os.getpid(), "command": command, "since": clock.iso(clock.now())}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode() + b"\n", 0)
+        self._fd = fd
+
+    def check(self) -> None:
+        """Raise LeaseLost if another broker took this host's lease meanwhile."""
+        if self._fd >= 0 and self.lease is not None and self.lease.lost.is_set():
+            raise LeaseLost(
+                f"another broker took the lease of this host in the shared ledger; "
+                f"{self.state_dir} is no longer served"
+            )
+
+    def release(self) -> None:
+        if self._fd >= 0 and self.lease is not None:
+            self.lease.release()
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, 0)
+            os.close(self._fd)  # closing the fd drops the flock
+            self._fd = -1
+
+
+def read_owner(state_dir: Path) -> Owner | None:
+    """The owner the lock file names, if any (the file may be stale: the lock decides)."""
+    try:
+        data = json.loads((state_dir / "broker.lock").read_text(encoding="utf-8"))
+        return Owner(int(data["pid"]), str(data["command"]), str(data["since"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def served(state_dir: Path) -> bool:
+    """Whether some process owns (serves) `state_dir` right now; never blocks."""
+    try:
+        fd = os.open(state_dir / "broker.lock", os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # drops our own shared lock, if we got it
+    return False
+
+
+def socket_path(state_dir: Path) -> Path:
+    return state_dir / "control" / "broker.sock"
+
+
+# -- the owner's side -------------------------------------------------------------------
+
+
+class Connection:
+    """One client of the control socket; `send` may be called from any thread."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def send(self, message: dict[str, Any]) -> None:
+        data = json.dumps(message).encode() + b"\n"
+        with self._lock:
+            if self.closed:
+                return
+            try:
+                self._sock.sendall(data)
+            except OSError:
+                self.closed = True
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
+            self._sock.close()
+
+
+class ControlServer:
+    """Accepts connections on the control socket and turns each request into a Control
+    event on the broker's queue; the loop answers through the event's reply."""
+
+    def __init__(self, state_dir: Path, events: queue.Queue[Event]) -> None:
+        self.path = socket_path(state_dir)
+        self._events = events
+        self._sock: socket.socket | None = None
+        self._connections: set[Connection] = set()
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.path.parent, 0o700)
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()  # a dead owner's: the state lock says we are the owner
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        old = os.umask(0o177)
+        try:
+            sock.bind(str(self.path))
+        finally:
+            os.umask(old)
+        sock.listen(16)
+        self._sock = sock
+        threading.Thread(target=self._accept, name="broker-control", daemon=True).start()
+
+    def close(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
+            self._sock.close()
+            self._sock = None
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+        with self._lock:
+            connections, self._connections = self._connections, set()
+        for conn in connections:
+            conn.close()
+
+    def _accept(self) -> None:
+        while self._sock is not None:
+            try:
+                sock, _ = self._sock.accept()
+            except OSError:
+                return
+            conn = Connection(sock)
+            with self._lock:
+                self._connections.add(conn)
+            threading.Thread(
+                target=self._serve, args=(sock, conn), name="broker-control-conn", daemon=True
+            ).start()
+
+    def _serve(self, sock: socket.socket, conn: Connection) -> None:
+        sandbox = ""
+        try:
+            for message in _lines(sock):
+                op = message.get("op") if isinstance(message, dict) else None
+                if op == "serve" and isinstance(message.get("sandbox"), str):
+                    sandbox = message["sandbox"]
+                if op not in ("serve", "release") or not sandbox:
+                    conn.send({"ok": False, "error": "expected serve, then release"})
+                    continue
+                self._events.put(Control(str(op), sandbox, conn.send, conn))
+        finally:
+            with self._lock:
+                self._connections.discard(conn)
+            conn.closed = True
+
+
+def _lines(sock: socket.socket) -> Iterator[Any]:
+    """JSON messages, one per line, from a client; a line that is not JSON ends it."""
+    buffer = b""
+    while True:
+        try:
+            chunk = sock.recv(4096)
+        except OSError:
+            return
+        if not chunk:
+            return
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            try:
+                yield json.loads(line)
+            except ValueError:
+                return
+        if len(buffer) > MAX_LINE:
+            return
+
+
+# -- a client: `broker run` beside a running owner -------------------------------------
+
+
+class OwnerGone(BrokerError):
+    """The owner closed the control connection (it stopped or died)."""
+
+
+class ControlClient:
+    """Hands one sandbox to the owner of a state dir and follows it until released."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        on_pending: Callable[[str], None],
+        on_gone: Callable[[], None] | None = None,
+    ) -> None:
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            self._sock.connect(str(socket_path(state_dir)))
+        except OSError:
+            self._sock.close()
+            raise
+        self._on_pending = on_pending
+        self._on_gone = on_gone
+        self._closed = False
+        self._replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, name="broker-run-control", daemon=True)
+        self._reader.start()
+
+    def serve(self, sandbox: str, timeout: float = 30) -> None:
+        self._request({"op": "serve", "sandbox": sandbox}, timeout)
+
+    def release(self, timeout: float = 120) -> None:
+        """Wait until the owner has processed what the sandbox left in its outbox."""
+        self._request({"op": "release"}, timeout)
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+
+    def _request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
+        try:
+            self._sock.sendall(json.dumps(message).encode() + b"\n")
+        except OSError as exc:
+            raise OwnerGone("the serving broker went away") from exc
+        try:
+            reply = self._replies.get(timeout=timeout)
+        except queue.Empty:
+            raise BrokerError(f"the serving broker did not answer within {timeout:g}s") from None
+        if reply is None:
+            raise OwnerGone("the serving broker went away")
+        if not reply.get("ok"):
+            raise BrokerError(f"the serving broker refused: {reply.get('error')}")
+        return reply
+
+    def _read(self) -> None:
+        for message in _lines(self._sock):
+            if not isinstance(message, dict):
+                continue
+            if message.get("event") == "pending" and isinstance(message.get("id"), str):
+                try:
+                    self._on_pending(message["id"])
+                except Exception:
+                    log.exception("the pending-request callback failed")
+            elif "ok" in message:
+                self._replies.put(message)
+        self._replies.put(None)
+        if not self._closed and self._on_gone is not None:
+            self._on_gone()
+
+
+def connect(
+    state_dir: Path,
+    on_pending: Callable[[str], None],
+    on_gone: Callable[[], None] | None = None,
+    wait_s: float = 30.0,
+) -> ControlClient | None:
+    """A client of the state dir's owner, or None when no owner listens. `on_gone` is
+    called (on the reading thread) if the owner closes the connection first. An owner
+    that holds the lock but is still starting gets `wait_s` to open its socket."""
+    end = time.monotonic() + wait_s
+    while True:
+        try:
+            return ControlClient(state_dir, on_pending, on_gone)
+        except (FileNotFoundError, ConnectionRefusedError):
+            if not served(state_dir) or time.monotonic() >= end:
+                return None
+            time.sleep(0.02)

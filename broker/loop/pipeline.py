@@ -1,0 +1,458 @@
+"""The broker's loop: wake, take a fair batch, run the stages, commit once, then do the
+after-commit I/O.
+
+    claim → read (intake) → admit: validate, check, classify (admission)
+          → record every transition (lifecycle) → commit
+          → remove consumed files → write results → append audit → hand applies to workers
+
+The ledger row is committed before anything observable follows it (a file removed, a
+result written, an audit line appended, a handler called). Everything one wake-up
+brings shares one commit. Handlers run on workers; their outcomes come back as events.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from broker.approval.notify import Notifier
+from broker.audit.checkpoints import audit_log, checkpoints_for
+from broker.config import Config
+from broker.errors import LeaseLost, LedgerError, StoreUnavailable
+from broker.events import (
+    Applied,
+    Assessed,
+    Control,
+    DirsChanged,
+    Event,
+    FileSeen,
+    Reload,
+    Rescan,
+    Wake,
+)
+from broker.faults import fault
+from broker.intake import claims as intake
+from broker.intake.outbox import Outbox, Served
+from broker.lifecycle.admission import Admission
+from broker.lifecycle.apply import Workers, call
+from broker.lifecycle.assessing import Assessments
+from broker.lifecycle.batch import Batch
+from broker.lifecycle.marks import StartMarks
+from broker.lifecycle.results import Answers
+from broker.lifecycle.transitions import Lifecycle
+from broker.loop import catalogue, recovery
+from broker.loop.deadlines import Deadlines
+from broker.loop.fairness import Backlog
+from broker.loop.handover import Handover, has_requests
+from broker.loop.outage import Kept, Outage
+from broker.loop.ownership import ControlServer, StateLock
+from broker.loop.wakeup import Stages
+from broker.masking import Redactor, mask_logs
+from broker.models import Record
+from broker.policy.ruleset import Policy
+from broker.registry import Registry
+from broker.store.base import Listener, Store
+from broker.store.factory import open_store
+from broker.validation import Validator
+
+log = logging.getLogger("broker")
+PURGE_BUDGET_S = 0.01  # time spent removing consumed files per idle moment
+
+
+class Broker:
+    """Serves a set of outboxes until stopped. Owns the ledger connection."""
+
+    def __init__(
+        self,
+        config: Config,
+        registry: Registry,
+        policy: Policy,
+        *,
+        ledger: Store | None = None,
+        workers: int = 4,
+    ) -> None:
+        config.staged.check(registry.names())  # before anything opens: one clear error
+        self.config = config
+        self.registry = registry
+        self.policy = policy
+        self.ledger = ledger or open_store(config, owner=True)
+        self.redact = Redactor(config.secret_values())
+        mask_logs(self.redact.secrets)  # and in every log line this process writes
+        self.lifecycle = Lifecycle(self.ledger, self.redact)
+        # each effect's compiled when first seen; every name for "did you mean"
+        validator = Validator(registry.schema, names=registry.names)
+        self.claims = intake.Claims(config.limits, validator, config.state_dir)
+        self.admission = Admission(config, registry, policy, validator, self.lifecycle)
+        self.started = StartMarks(config.state_dir / "started")
+        self.stages = Stages(self.ledger, self.lifecycle, self.claims, self.admission, self.apply)
+        self.audit = self.ledger.audit_sink(audit_log(config), checkpoints_for(config))
+        # published into each results dir; what the handlers declare is kept in the state
+        # dir, so a start imports only the handlers it uses
+        self.catalogue = catalogue.render(registry, policy, config.state_dir / "effects.cache")
+        self.served = Served(
+            config.state_dir / "control",
+            lambda box: catalogue.publish(box.results_fd, self.catalogue, box.sandbox),
+            host=self.ledger.host,  # with a shared store: HOST.SANDBOX
+        )
+        self.answers = Answers(self.served)
+        self.events: queue.Queue[Event] = queue.Queue()
+        self.backlog = Backlog()
+        self._workers = Workers(threads=workers)
+        self.assessments = Assessments(
+            config, registry, policy, self.events, workers, self.admission.controls
+        )
+        self._in_flight: set[tuple[str, str]] = set()
+        self.deadlines = Deadlines()
+        self.consumed = intake.Consumed()
+        self.on_change = self.answers.observers
+        self.on_rescan: list[Callable[[str], None]] = []  # "rescan", "restart": for metrics
+        self.notifier: Notifier | None = None
+        self.command = "broker serve"  # what the state lock says owns the state dir
+        # with a shared store, also this host's lease in it
+        self.lock = StateLock(config.state_dir, self.ledger.lease(str(config.state_dir)))
+        self.outage = Outage()
+        self._listener: Listener | None = None
+        self.handover = Handover(self.served, config.sandboxes_dir)
+        self.on_change.append(self.handover.tell)
+        self._control_server: ControlServer | None = None
+        self._closing = False
+
+    @property
+    def outboxes(self) -> dict[str, Outbox]:
+        return self.served.boxes
+
+    def notify_with(self, notifier: Notifier) -> None:
+        """Tell people through `notifier` whenever a request starts waiting (and update
+        Slack's message when it reaches its outcome)."""
+        self.notifier = notifier
+        self.on_change.append(lambda record: notifier.observe(self.ledger, record, self.registry))
+
+    # -- what is served -----------------------------------------------------------------
+
+    def add(self, box: Outbox) -> None:
+        self.served.add(box)
+
+    def serve_root(self, sandboxes_dir: Path) -> None:
+        """Serve every sandbox under <state>/sandboxes/, including ones created later."""
+        self.served.add_root(sandboxes_dir)
+        self._discover()
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def serve(
+        self,
+        stop: threading.Event,
+        *,
+        ready: Callable[[], None] | None = None,
+        drain: bool = False,
+    ) -> None:
+        """Recover, scan, then process events until `stop` is set (then drain, if asked)."""
+        if not self.lock.held:
+            self.lock.acquire(self.command)
+        # listening from the start: what other processes ask waits on the queue meanwhile
+        self._control_server = ControlServer(self.config.state_dir, self.events)
+        self._control_server.start()
+        # decisions others commit on this host's requests wake the loop (shared store)
+        self._listener = self.ledger.listen(lambda: self.events.put(Reload()))
+        self.admission.controls.refresh()
+        self._recover()
+        self.served.watch(self.events)
+        # now that every watch is in place: read what is there and reload decisions
+        # taken while we started (their nudges may have come before the watches)
+        self.events.put(Rescan())
+        if ready:
+            ready()
+        next_rescan = time.monotonic() + self.config.rescan_interval_s
+        try:
+            while not stop.is_set():
+                timeout = min(
+                    0.05 if self.consumed else 0.5,  # idle moments purge consumed files
+                    max(0.0, next_rescan - time.monotonic()),
+                    self.deadlines.seconds_left(),
+                    self.assessments.seconds_left(),
+                )
+                items = self._take(timeout)
+                items.extend(self._overdue())
+                self.lock.check()  # a lease lost to another broker stops this one
+                if self.served.watcher_died(self.events):
+                    for observer in self.on_rescan:
+                        observer("restart")
+                    items.append(Rescan())
+                if not items:
+                    self.audit.sync()  # idle: make the audit log durable now
+                    self.consumed.purge(PURGE_BUDGET_S)
+                if time.monotonic() >= next_rescan:
+                    items.append(Rescan())
+                    next_rescan = time.monotonic() + self.config.rescan_interval_s
+                self.step(items)
+                self.handover.releases(self._busy, time.monotonic())
+            if drain:
+                self.drain()
+        finally:
+            self.close()
+
+    def drain(self, timeout: float = 30.0) -> None:
+        """Process what is in the outboxes and wait for applies in flight."""
+        end = time.monotonic() + timeout
+        self.rescan()
+        while time.monotonic() < end:
+            items = self._take(0.05)
+            items.extend(self._overdue())
+            self.step(items)
+            if (
+                not self._in_flight
+                and not self.assessments
+                and self.events.empty()
+                and not self.backlog
+                and not self._pending_files()
+            ):
+                break
+        self.consumed.purge()
+
+    def _pending_files(self) -> bool:
+        return any(has_requests(box.names()) for box in self.served.boxes.values())
+
+    def wake(self) -> None:
+        """Make the loop look at its stop event now rather than at its next timeout."""
+        self.events.put(Wake())
+
+    def close(self) -> None:
+        """Stop in reverse data-flow order: the control socket, watcher, workers, what
+        they brought back, consumed files, the audit log, the ledger, the state lock."""
+        if self._control_server is not None:
+            self._control_server.close()
+            self._control_server = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        self._closing = True  # what is still to apply or assess waits for the next start
+        self.assessments.shutdown()
+        self._workers.shutdown(wait=True)
+        while items := self._take(0):  # applies that finished during shutdown
+            self.step(items)
+        self.consumed.purge()
+        self.audit.sync(final=True)  # and a last checkpoint exported
+        self.step([])  # the ledger learns what is durable in the log and results
+        self.served.close()  # its watcher too
+        if self.notifier is not None:
+            self.notifier.close()
+        self.ledger.close()
+        self.lock.release()
+
+    def _take(self, timeout: float) -> list[Event]:
+        return self.backlog.wake_up(self.events, timeout)
+
+    # -- one wake-up --------------------------------------------------------------------
+
+    def _discover(self) -> None:
+        """Serve the sandboxes that appeared, and read what their outboxes already hold:
+        an agent may write before its outbox is watched."""
+        for box in self.served.discover():
+            for name in box.names():
+                self.events.put(FileSeen(str(box.outbox), name))
+
+    def rescan(self) -> None:
+        """Converge on the outboxes' real contents; events are only a hint."""
+        for observer in self.on_rescan:
+            observer("rescan")
+        self.served.discover()
+        for box in list(self.served.boxes.values()):
+            names = box.names()
+            for name in names:
+                self.events.put(FileSeen(str(box.outbox), name))
+            self.claims.drop_orphans(box, names)
+
+    def step(self, items: Iterable[Event]) -> None:
+        work, files, reload = self._sort(items)
+        work.due = self.deadlines.due()
+        if self.outage.active:
+            self.outage.keep(work)  # new files wait in their outboxes meanwhile
+            if not self.outage.over(self.ledger.ping):
+                return
+            work, files, reload = self.outage.take(), {}, True
+            self.answers.written.extend(work.written)
+            if work.recover and not self._recover(work):
+                return
+            self.events.put(Rescan())  # what came meanwhile is found again
+        busy = files or work.claimed or work.done or work.assessed or work.due or reload
+        if not (busy or self.answers.written or self.audit.durable):
+            return
+        work.claimed += [
+            (box, name, self.claims.claim(box, name)) for (_, name), box in files.items()
+        ]
+        batch = Batch()
+        try:
+            self._commit(work, reload, batch)
+        except StoreUnavailable as exc:  # nothing of it is observable: it is done again
+            self.outage.begin(exc, work)
+            return
+        except LedgerError as exc:
+            if isinstance(exc, LeaseLost):
+                raise
+            # a write sent with others failed: again, one statement at a time, so the
+            # request at fault fails alone in its savepoint
+            log.warning("a wake-up's commit failed (%s); trying it statement by statement", exc)
+            self.answers.written.extend(work.written)
+            batch = Batch()
+            with self.ledger.careful():
+                self._commit(work, reload, batch)
+        fault("after_commit")
+        self._after_commit(batch)
+
+    def _sort(self, items: Iterable[Event]) -> tuple[Kept, dict[tuple[str, str], Outbox], bool]:
+        """A wake-up's events: the work for its transaction, the files to claim, and
+        whether to reload what others changed."""
+        work = Kept()
+        files: dict[tuple[str, str], Outbox] = {}
+        reload = False
+        for item in items:
+            if isinstance(item, FileSeen):
+                box = self.served.by_dir.get(item.folder)
+                if box is not None:
+                    files.setdefault((box.sandbox, item.name), box)
+            elif isinstance(item, Applied):
+                work.done.append(item)
+            elif isinstance(item, Assessed):
+                if self.assessments.accept(item):
+                    work.assessed.append(item)  # else: given up on at its deadline
+            elif isinstance(item, DirsChanged):
+                self._discover()
+                reload = True
+            elif isinstance(item, Rescan):
+                self.rescan()
+                reload = True
+            elif isinstance(item, Reload):
+                reload = True
+            elif isinstance(item, Control):
+                self._control(item)
+        return work, files, reload
+
+    def _commit(self, work: Kept, reload: bool, batch: Batch) -> None:
+        """The wake-up's one transaction (group commit)."""
+        with self.ledger.transaction():
+            if reload:  # a kill switch or an accepted rule holds from this request on
+                self.admission.controls.refresh()
+            work.written = self._mark_synced()
+            self.ledger.prefetch(  # the rows this wake-up reads, at once (a shared store)
+                [(b.sandbox, n.removesuffix(".json")) for b, n, w in work.claimed if w]
+                + [d.key for d in work.done]
+                + [a.key for a in work.assessed]
+                + work.due
+            )
+            for box, name, where in work.claimed:
+                if where is not None:
+                    self.stages.intake(box, name, where, batch)
+            for item in work.done:
+                self._in_flight.discard(item.key)
+                self.stages.finish(item, batch)
+            for back in work.assessed:
+                self.stages.resume(back, batch)
+            for sandbox, request_id in work.due:
+                self.stages.expire(sandbox, request_id, batch)
+            if reload:
+                recovery.reload(self.ledger, self.lifecycle, batch, self.admission.controls)
+            fault("before_commit")
+
+    def _after_commit(self, batch: Batch) -> None:
+        for box, name in batch.remove:
+            if name in batch.urgent:
+                intake.remove(box, name)
+            else:
+                self.consumed.add(box, name)
+        fault("before_results")
+        for record in batch.answer:
+            self.answers.write(record)
+        fault("before_audit")
+        self.audit.flush()
+        fault("after_audit")
+        for record in batch.settled:
+            self.started.clear(record)
+        for record in batch.deadlines:
+            self.deadlines.watch(record)
+        for record in batch.apply:
+            self._submit(record)
+        for record in batch.assess:
+            if not self._closing:
+                self.assessments.submit(record)
+
+    def _mark_synced(self) -> list[tuple[str, str, str]]:
+        written = self.answers.take_written()
+        if written:
+            self.ledger.mark_synced(written)
+        durable = self.audit.take_durable()
+        if durable:
+            self.ledger.drop_audit(*durable)
+        return written
+
+    def _overdue(self) -> list[Event]:
+        """Held requests whose work off the loop ran out of time (while the store answers)."""
+        if self.outage.active:
+            return []
+        none: list[Assessed] = []
+        return list(self.outage.attempt(lambda: self.assessments.overdue(self.ledger), none))
+
+    # -- applying -----------------------------------------------------------------------
+
+    def apply(self, record: Record) -> Applied:
+        """The one call into a handler (inline, or on a worker)."""
+        return call(self.registry.effect(record.effect or ""), record, self.config, self.started)
+
+    def _submit(self, record: Record) -> None:
+        if record.key in self._in_flight or self._closing:
+            return
+        self._in_flight.add(record.key)
+        self.registry.effect(record.effect or "")  # an unknown effect fails here, not there
+        self._workers.submit(record.sandbox, lambda: self.events.put(self.apply(record)))
+
+    # -- recovery and control -----------------------------------------------------------
+
+    def recover(self) -> None:
+        """Take the state dir (one owner at a time), then resume from the ledger: claimed
+        files, applies, results, audit, deadlines, held requests."""
+        if not self.lock.held:
+            self.lock.acquire(self.command)
+        batch = Batch()
+        boxes = list(self.served.boxes.values())
+        with self.ledger.transaction():
+            recovery.claimed(boxes, self.stages.intake, batch)
+            recovery.applies(
+                self.ledger, self.lifecycle, self.registry, self.config, self.started, batch
+            )
+            recovery.reload(self.ledger, self.lifecycle, batch)
+            recovery.missing_results(self.ledger, boxes, batch)
+            recovery.deadlines(self.ledger, batch)
+            recovery.held(self.ledger, self.admission, batch)
+        self._after_commit(batch)
+
+    def _recover(self, work: Kept | None = None) -> bool:
+        """`recover`, or an outage that runs it again once the store answers."""
+        try:
+            self.recover()
+        except StoreUnavailable as exc:
+            self.outage.begin(exc, work or Kept(recover=True))
+            return False
+        return True
+
+    def _control(self, item: Control) -> None:
+        def rescan(sandbox: str) -> None:
+            box = self.served.boxes[sandbox]
+            for name in box.names():
+                self.events.put(FileSeen(str(box.outbox), name))
+
+        self.handover.control(item, time.monotonic(), rescan)
+
+    def _busy(self, sandbox: str) -> bool:
+        """Whether a sandbox still has files to read or work in flight."""
+        box = self.served.boxes.get(sandbox)
+        if box is None:
+            return False
+        return (
+            has_requests(box.names())
+            or self.backlog.holds(str(box.outbox))
+            or self.assessments.busy(sandbox)
+            or any(key[0] == sandbox for key in self._in_flight)
+        )
