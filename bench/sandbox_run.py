@@ -1,4 +1,5 @@
-"""`broker run` with the bench.noop effect registered: broker.hosting.runner.run, as the CLI calls it.
+"""`broker run` with the bench.noop effect registered: broker.hosting.runner.run, as the
+CLI calls it.
 
     python -m bench.sandbox_run SPEC_JSON CMD ...
 

@@ -2,7 +2,7 @@
 queue, result files): orjson, which is several times faster than the stdlib, with the
 stdlib as the fallback for what orjson refuses (integers beyond 64 bits, lone
 surrogates). Not for what a sandbox wrote (broker.intake.strict_json) nor for the canonical
-bytes approvals bind (broker.models.canonical): those keep the stdlib's exact rules."""
+bytes approvals bind (broker.models.canonical_json): those keep the stdlib's exact rules."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ __all__ = [
     "Result",
     "State",
     "Verdict",
-    "canonical",
+    "canonical_json",
     "iso",
     "now",
     "parse_iso",
@@ -50,7 +50,7 @@ TERMINAL: frozenset[State] = frozenset(
 STATUSES: frozenset[State] = TERMINAL | {"pending"}
 
 
-def canonical(value: Any) -> bytes:
+def canonical_json(value: Any) -> bytes:
     """The one byte form that hashes and approvals are bound to."""
     return json.dumps(
         value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
@@ -96,7 +96,7 @@ class Request:
 
     @cached_property
     def payload(self) -> bytes:
-        return canonical(self.envelope())
+        return canonical_json(self.envelope())
 
     @cached_property
     def sha256(self) -> str:

@@ -31,7 +31,7 @@ from broker.context import Memo, context_for
 from broker.errors import EffectFailed
 from broker.intake.outbox import attach
 from broker.loop.pipeline import Broker
-from broker.models import TERMINAL, Preview, Record, canonical, sha256_hex
+from broker.models import TERMINAL, Preview, Record, canonical_json, sha256_hex
 from broker.policy.ruleset import Policy, parse_policy
 from broker.registry import Registry
 from broker.staged import Staged
@@ -95,7 +95,7 @@ def _applying(
     """The ledger row of a request being applied, as a handler's context describes it."""
     effect = f"{integration}.test"
     envelope = {"version": 1, "id": request_id, "effect": effect, "params": dict(params or {})}
-    payload = canonical(envelope)
+    payload = canonical_json(envelope)
     return Record(
         sandbox=sandbox,
         id=request_id,

@@ -29,7 +29,7 @@ from broker.errors import ConfigError, EffectFailed
 from broker.models import Preview
 from broker.typing import JSON, Params
 from effects.base import Context, Handler
-from effects.canonical import relative_path
+from effects.normal_forms import relative_path
 from effects.textdiff import unified
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -32,8 +32,8 @@ from broker.errors import ConfigError, EffectFailed, InvalidParams
 from broker.models import Preview
 from broker.typing import JSON, Params
 from effects.base import Context, Handler, Settings
-from effects.canonical import branch_name
 from effects.gitrun import _EMPTY_TREE, Git, Remote, _diff_span, _lock
+from effects.normal_forms import branch_name
 
 MAX_PATCH = 1 << 20
 

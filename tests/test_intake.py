@@ -21,7 +21,7 @@ from broker.config import Limits
 from broker.errors import Rejected
 from broker.intake import claims as intake
 from broker.intake.claims import Kind
-from broker.models import canonical, sha256_hex
+from broker.models import canonical_json, sha256_hex
 from broker.testing import BrokerHarness, FakeHandler
 from tests.support import eventually
 
@@ -590,13 +590,13 @@ def test_request_rewritten_after_it_was_read_is_applied_as_first_read(
         fake.release.set()
 
     result = answer(harness, doc["id"])
-    rewritten_sha = sha256_hex(canonical(rewritten))
+    rewritten_sha = sha256_hex(canonical_json(rewritten))
     eventually(lambda: any(e.get("sha256") == rewritten_sha for e in audit_lines(harness)))
 
     assert result["status"] == "applied"
     assert fake.applied == [{"value": "original"}]
     assert result["output"]["value"] == "original"
-    assert result["request_sha256"] == sha256_hex(canonical(doc))
+    assert result["request_sha256"] == sha256_hex(canonical_json(doc))
     assert not (harness.outbox / "rewrite.json").exists()
 
 
@@ -622,7 +622,7 @@ def test_request_renamed_in_while_still_open_is_read_after_its_writer_closes(
 
     assert result["status"] == "applied"
     assert fake.applied == [{"value": "edited"}]
-    assert result["request_sha256"] == sha256_hex(canonical(edited))
+    assert result["request_sha256"] == sha256_hex(canonical_json(edited))
 
 
 # -- unit: classify -------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 from broker.errors import IllegalTransition, Rejected
 from broker.lifecycle.transitions import ALLOWED, Lifecycle
 from broker.masking import Redactor
-from broker.models import STATUSES, TERMINAL, Record, State, Verdict, canonical, sha256_hex
+from broker.models import STATUSES, TERMINAL, Record, State, Verdict, canonical_json, sha256_hex
 from broker.store.base import Store
 from tests.stores import chained_events
 
@@ -19,7 +19,7 @@ VERDICT = Verdict(action="approve", rule="rules[0]", reason="people look", timeo
 
 
 def new(rid: str = "r1", key: str | None = None) -> Record:
-    payload = canonical({"version": 1, "id": rid, "effect": "t.x", "params": {"v": rid}})
+    payload = canonical_json({"version": 1, "id": rid, "effect": "t.x", "params": {"v": rid}})
     return Record(
         sandbox="sb",
         id=rid,

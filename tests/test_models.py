@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from broker.models import Preview, Record, Request, Result, Verdict, canonical, sha256_hex
+from broker.models import Preview, Record, Request, Result, Verdict, canonical_json, sha256_hex
 
 
 def test_request_round_trip_and_its_hash() -> None:
@@ -14,7 +14,7 @@ def test_request_round_trip_and_its_hash() -> None:
     req = Request("sb", "r1", "r1", "files.write", {"path": "a", "n": 1}, "why", "k", {"b": "d"})
     again = Request.from_json(req.to_json())
     assert again == req and again.sha256 == req.sha256
-    assert req.sha256 == sha256_hex(canonical(req.envelope()))
+    assert req.sha256 == sha256_hex(canonical_json(req.envelope()))
     assert Request("sb", "r1", "r1", "files.write", {"path": "b"}).sha256 != req.sha256
 
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from broker.render import html_text, neutralize, terminal
+from broker.untrusted import html_text, neutralize, terminal
 
 # name: (raw text, how it must be shown, the characters that must never appear raw)
 HIDING = {

@@ -15,7 +15,7 @@ import pytest
 from broker.approval import decisions as approval
 from broker.errors import DecisionError
 from broker.lifecycle.transitions import Lifecycle
-from broker.models import Record, Verdict, canonical, sha256_hex
+from broker.models import Record, Verdict, canonical_json, sha256_hex
 from broker.store.base import Store
 from tests.stores import OpenStore, chained_events
 
@@ -23,7 +23,7 @@ ROUNDS = 12
 
 
 def pending(store: Store, rid: str, approvals: int = 1) -> Record:
-    payload = canonical({"version": 1, "id": rid, "effect": "t.x", "params": {"v": rid}})
+    payload = canonical_json({"version": 1, "id": rid, "effect": "t.x", "params": {"v": rid}})
     record = Record(
         sandbox="alpha.sb",
         id=rid,

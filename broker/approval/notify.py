@@ -34,7 +34,7 @@ import httpx
 from broker.config import Config, resolve_secret
 from broker.errors import ConfigError
 from broker.masking import quiet_http_libraries
-from broker.render import neutralize
+from broker.untrusted import neutralize
 
 if TYPE_CHECKING:
     from broker.models import Record

@@ -36,7 +36,7 @@ from broker import clock
 from broker.audit.log import AuditLog, Fault
 from broker.config import Config, resolve_secret
 from broker.errors import ConfigError
-from broker.models import canonical
+from broker.models import canonical_json
 
 log = logging.getLogger("broker.audit.log")
 KEYS = {
@@ -151,7 +151,7 @@ def signed(key: bytes, seq: int, head: str, at: str) -> dict[str, Any]:
 
 
 def _mac(key: bytes, body: Mapping[str, Any]) -> str:
-    return hmac.new(key, canonical(dict(body)), hashlib.sha256).hexdigest()
+    return hmac.new(key, canonical_json(dict(body)), hashlib.sha256).hexdigest()
 
 
 class Checkpoints:

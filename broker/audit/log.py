@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from broker.errors import AuditError
-from broker.models import Record, canonical, sha256_hex
+from broker.models import Record, canonical_json, sha256_hex
 
 GENESIS = "0" * 64
 T = TypeVar("T")
@@ -53,7 +53,7 @@ KEYED = "hmac-sha256"
 
 def line_hash(entry: dict[str, Any], key: bytes | None = None) -> str:
     """A line's hash: keyed (HMAC-SHA256) when the line says so, else its sha256."""
-    body = canonical({k: v for k, v in entry.items() if k != "hash"})
+    body = canonical_json({k: v for k, v in entry.items() if k != "hash"})
     if entry.get("alg") == KEYED:
         if key is None:
             raise AuditError("a keyed audit line cannot be checked without the audit key")
@@ -72,7 +72,7 @@ def chain(
         if key is not None:
             entry["alg"] = KEYED
         entry["hash"] = head = line_hash(entry, key)
-        lines.append(canonical(entry))
+        lines.append(canonical_json(entry))
     return lines, head
 
 

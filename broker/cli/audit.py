@@ -30,7 +30,7 @@ from broker.cli.common import (
 )
 from broker.cli.listing import Column, TsvOpt, choose, show
 from broker.config import Config
-from broker.render import terminal
+from broker.untrusted import terminal
 
 if TYPE_CHECKING:
     from broker.store.base import Store

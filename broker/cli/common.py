@@ -19,7 +19,7 @@ from broker.config import Config, load_config
 from broker.errors import BrokerError
 from broker.policy.ruleset import Policy, load_policy
 from broker.registry import Registry, default_registry
-from broker.render import terminal
+from broker.untrusted import terminal
 
 if TYPE_CHECKING:
     from broker.store.base import Store

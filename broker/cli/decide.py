@@ -31,7 +31,7 @@ from broker.cli.listing import Column, TsvOpt, choose
 from broker.cli.listing import show as show_rows
 from broker.cli.prompt import print_card
 from broker.registry import default_registry
-from broker.render import neutralize, terminal
+from broker.untrusted import neutralize, terminal
 
 if TYPE_CHECKING:
     from broker.store.base import Store

@@ -24,7 +24,7 @@ from broker.cli.common import (
 )
 from broker.cli.listing import Column, TsvOpt, choose, show
 from broker.registry import Registry, default_registry
-from broker.render import terminal
+from broker.untrusted import terminal
 
 if TYPE_CHECKING:
     from broker.policy.controls import Switch

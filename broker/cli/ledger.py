@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from broker.cli.common import ConfigOpt, StateOpt, config_only, fail, guarded, out
-from broker.render import terminal
+from broker.untrusted import terminal
 
 if TYPE_CHECKING:
     from broker.hosting.migrate import Migrated

@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from broker.cli.common import fail, out
-from broker.render import neutralize
+from broker.untrusted import neutralize
 
 TsvOpt = Annotated[bool, typer.Option("--tsv", help="tab-separated lines for scripts")]
 MIN_WRAP = 24  # a column of free text narrower than this reads worse than a block

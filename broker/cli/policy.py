@@ -23,7 +23,7 @@ from broker.cli.common import (
 )
 from broker.policy.ruleset import load_policy
 from broker.registry import default_registry
-from broker.render import terminal
+from broker.untrusted import terminal
 
 app = typer.Typer(
     help="Check, explain and replay policy files; review proposed rules.", no_args_is_help=True

@@ -13,7 +13,7 @@ from broker.cli.common import age, identity, out
 from broker.config import Config
 from broker.errors import BrokerError
 from broker.registry import Registry
-from broker.render import neutralize, terminal
+from broker.untrusted import neutralize, terminal
 
 if TYPE_CHECKING:
     from broker.models import Record

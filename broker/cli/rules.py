@@ -22,7 +22,7 @@ from broker.cli.common import (
     out,
     print_json,
 )
-from broker.render import terminal
+from broker.untrusted import terminal
 
 if TYPE_CHECKING:
     from broker.review.replay import Report

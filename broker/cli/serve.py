@@ -12,7 +12,7 @@ import typer
 
 from broker.cli.common import ConfigOpt, PolicyOpt, StateOpt, err, fail, guarded
 from broker.cli.daemon import Daemon, DaemonArgs, InsecureOpt, ListenOpt, VerboseOpt, daemon
-from broker.render import terminal
+from broker.untrusted import terminal
 
 if TYPE_CHECKING:
     from broker.config import Config

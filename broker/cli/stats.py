@@ -18,7 +18,7 @@ from broker.cli.common import (
     print_json,
 )
 from broker.cli.listing import Column, TsvOpt, choose, show
-from broker.render import terminal
+from broker.untrusted import terminal
 
 COUNTS = ("auto", "approved", "denied", "expired", "invalid", "failed")
 

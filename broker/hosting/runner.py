@@ -143,7 +143,7 @@ def summary(config: Config, sandbox_id: str, code: int) -> str:
 
 def _stream_logs(container: Any, say: Callable[[str], None]) -> None:
     """The agent's output, line by line, neutralised: it is untrusted text."""
-    from broker.render import neutralize
+    from broker.untrusted import neutralize
 
     pending = b""
     try:

@@ -7,7 +7,7 @@ with no single meaning), and the rewritten params pass the schema again. What is
 recorded, hashed (`request_sha256`) and answered is that canonical request, so a rule
 on `path = "bin/*"` cannot be stepped around with `./bin/x`, `bin//x` or `bin/x/.`.
 
-Handlers build their canonical forms with `effects.canonical` (relative paths, URL
+Handlers build their canonical forms with `effects.normal_forms` (relative paths, URL
 paths, Unicode that must already be in NFC).
 """
 

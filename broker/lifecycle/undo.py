@@ -19,7 +19,7 @@ from broker.audit.log import event as audit_event
 from broker.config import Config
 from broker.context import context_for
 from broker.errors import DecisionError, EffectFailed
-from broker.models import Decision, Preview, Record, canonical, iso, now, sha256_hex
+from broker.models import Decision, Preview, Record, canonical_json, iso, now, sha256_hex
 from broker.registry import Effect, Registry
 from broker.store.base import Store
 
@@ -76,7 +76,7 @@ def execute(ledger: Store, config: Config, chosen: UndoPlan, who: str) -> Record
         "effect": f"undo:{original.effect}",
         "params": {"undo_of": f"{original.sandbox}/{original.id}", "output": original.output},
     }
-    payload = canonical(envelope)
+    payload = canonical_json(envelope)
     record = Record(
         sandbox=HOST_SANDBOX,
         id=_undo_id(original),

@@ -1,5 +1,5 @@
 """`broker serve`'s request log: one line per request event, on the `broker.requests`
-logger, every string from a sandbox or a person neutralised (broker.render).
+logger, every string from a sandbox or a person neutralised (broker.untrusted).
 
     received default/3f6c… files.write (file notes.json)
     pending  default/3f6c… files.write: waits for a person until 2026-11-29T19:00:00.000Z,
@@ -20,8 +20,8 @@ from typing import Any
 
 from broker.models import TERMINAL, Record
 from broker.observability.tap import Event
-from broker.render import neutralize
 from broker.store.base import Store
+from broker.untrusted import neutralize
 
 log = logging.getLogger("broker.requests")
 WARN = frozenset({"failed", "unknown", "duplicate_id"})

@@ -40,7 +40,7 @@ from broker.events import Key
 from broker.lifecycle.timings import StageTimes
 from broker.models import Record
 from broker.observability.tap import Event
-from broker.render import neutralize
+from broker.untrusted import neutralize
 
 REMEMBERED = 100_000
 BROKEN = frozenset({"failed", "unknown"})  # the broker or the service went wrong

@@ -7,7 +7,7 @@
     messages.py  a request's card as Block Kit, every untrusted string neutralised
     notifier.py  posts, updates and reminds, on its own thread (an observer of the broker)
 
-The callback endpoint Slack posts clicks to is broker/web/slack.py. Buttons appear only
+The callback endpoint Slack posts clicks to is broker/web/slack_actions.py. Buttons appear only
 where the policy rule says `slack_buttons = true` (and, on an irreversible request,
 `slack_buttons_irreversible = true`); every click is checked again there.
 """

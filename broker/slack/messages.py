@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
-from broker.render import neutralize
+from broker.untrusted import neutralize
 
 MAX_BODY = 2500
 MAX_FIELD = 1900

@@ -36,7 +36,8 @@ from broker.registry import Registry
 from broker.slack.settings import slack_settings
 from broker.store.base import Store
 from broker.store.factory import open_store
-from broker.web import api, pages, replay, slack, waiting
+from broker.web import api, pages, replay, waiting
+from broker.web import slack_actions as slack
 from broker.web.auth import Gate, Sessions, load_approvers
 from broker.web.inbox import Inbox
 

@@ -21,8 +21,8 @@ from markupsafe import Markup
 
 from broker.approval.card import service_warning
 from broker.models import Record
-from broker.render import neutralize
-from broker.web import render
+from broker.untrusted import neutralize
+from broker.web import html as render
 from broker.web.auth import LOGIN_COOKIE, SESSION_COOKIE, Gate, Identity, same_secret
 from broker.web.inbox import STATES, Filters, Inbox
 

@@ -14,7 +14,7 @@ from fastapi.responses import RedirectResponse, Response
 
 from broker.approval.card import Narrowing, output_text
 from broker.errors import RequestNotFound
-from broker.web import render
+from broker.web import html as render
 from broker.web.auth import Identity, same_secret
 from broker.web.inbox import Inbox, Pick, Refused
 from broker.web.pages import FormText, Pages, PagesDep

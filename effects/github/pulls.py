@@ -19,7 +19,6 @@ from broker.errors import EffectFailed, InvalidParams
 from broker.models import Preview
 from broker.typing import JSON, Params
 from effects.base import Context
-from effects.canonical import branch_name, relative_path
 from effects.github.api import Api, number_of, pick
 from effects.github.changes import TEAM, Change, changes, reviewers
 from effects.github.diffs import compare_diff, files_diff
@@ -28,6 +27,7 @@ from effects.github.handler import GitHubHandler
 from effects.github.live import Live, conflicts, read_live, recheck
 from effects.github.settings import settings_of
 from effects.github.text import Text, mention_facts, oneline
+from effects.normal_forms import branch_name, relative_path
 
 MAX_DIFF = 1 << 20  # characters of diff shown to the approver
 Facts = list[tuple[str, str]]

@@ -12,7 +12,7 @@ from typing import Any
 
 from broker.errors import ConfigError, InvalidParams
 from effects.base import Settings
-from effects.canonical import nfc
+from effects.normal_forms import nfc
 
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 SECRETS = ("access_key_id", "secret_access_key", "session_token")

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 with atheris.instrument_imports():
     from broker.errors import Rejected
     from broker.intake import claims as intake
-    from broker.models import canonical
+    from broker.models import canonical_json
     from broker.validation import Validator
 
 VALIDATOR = Validator({"test.record": {"type": "object"}})
@@ -50,7 +50,7 @@ def test_one_input(data: bytes) -> None:
     except Rejected as exc:
         assert len(exc.issues) == 1 and exc.issues[0].code in CODES, exc.issues
         return
-    canonical(doc)
+    canonical_json(doc)
     try:
         VALIDATOR.envelope(doc)
         VALIDATOR.params(doc["effect"], doc["params"])

@@ -11,7 +11,7 @@ import hashlib
 import pytest
 
 from broker.audit import log as audit
-from broker.models import canonical
+from broker.models import canonical_json
 from tests.hostile.conftest import FIGURES, HostileHost
 
 REWRITE = r"""
@@ -45,7 +45,7 @@ def test_request_replaced_in_a_loop_is_applied_once_and_whole(host: HostileHost)
     v = int(value.split("-")[1])
     assert value == f"version-{v:05d}-" + "x" * (v % 97), "a torn version was applied"
     doc = {"version": 1, "id": "same", "effect": "test.record", "params": {"value": value}}
-    assert result["request_sha256"] == hashlib.sha256(canonical(doc)).hexdigest()
+    assert result["request_sha256"] == hashlib.sha256(canonical_json(doc)).hexdigest()
     events = [e for _, e, _ in audit.read_events(host.state / "audit.jsonl") if e]
     reused = [e for e in events if e["event"] == "duplicate_id" and e["id"] == "same"]
     received = [e for e in events if e["event"] == "received" and e["id"] == "same"]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from broker.models import canonical, sha256_hex
+from broker.models import canonical_json, sha256_hex
 from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness
 from effects.netguard.urls import canonical_url
@@ -88,7 +88,7 @@ def test_what_is_recorded_and_hashed_is_the_canonical_request(files_broker: Brok
     assert result["status"] == "applied"
     assert result["output"]["path"] == "notes/a.txt"
     canonical_env = {**doc, "params": {"path": "notes/a.txt", "content": "x"}}
-    assert result["request_sha256"] == sha256_hex(canonical(canonical_env))
+    assert result["request_sha256"] == sha256_hex(canonical_json(canonical_env))
     ledger = Ledger(files_broker.config.ledger_path)
     try:
         record = ledger.get(files_broker.sandbox, doc["id"])

@@ -16,8 +16,8 @@ from broker.config import Config
 from broker.loop.deadlines import Deadlines
 from broker.models import Record
 from broker.registry import Registry
-from broker.render import neutralize
 from broker.testing import BrokerHarness, make_context
+from broker.untrusted import neutralize
 from broker.web.server import start_web
 from effects.files import FilesWrite
 from tests.support import checked

@@ -7,8 +7,8 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.render import html_text
-from broker.web.render import body_lines, shown
+from broker.untrusted import html_text
+from broker.web.html import body_lines, shown
 
 
 @given(st.text())

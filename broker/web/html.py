@@ -1,6 +1,6 @@
 """Untrusted text as HTML: escaped, with every hiding character shown as a marked tag.
 
-The same neutralisation as the CLI (broker.render): `shown(t)` reads, as text, exactly
+The same neutralisation as the CLI (broker.untrusted): `shown(t)` reads, as text, exactly
 like `render.html_text(t)`; each character that was made visible is wrapped in
 `<span class="ctl">` so that a reviewer can tell it from literal text.
 """
@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 from markupsafe import Markup
 
-from broker.render import neutralize
+from broker.untrusted import neutralize
 
 
 def shown(text: str, *, keep_newlines: bool = False) -> Markup:
