@@ -12,9 +12,9 @@ from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
 
-from broker.config import Settings
 from broker.errors import ConfigError, DuplicateEffect, RegistryError, UnknownEffect
 from broker.models import Preview
+from broker.settings import Settings
 from broker.typing import JSON, Params
 from broker.validation import compile_schema, did_you_mean
 from effects.base import (

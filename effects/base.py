@@ -85,9 +85,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from broker.config import Settings
 from broker.errors import ConfigError, EffectFailed, InvalidParams
 from broker.models import Preview
+from broker.settings import Settings
 from broker.typing import JSON, Params
 from broker.validation import load_schema
 

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import Settings, load_config
+from broker.config import load_config
 from broker.errors import ConfigError
+from broker.settings import Settings
 
 
 @pytest.fixture

@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
-from broker.config import Config, resolve_secret
+from broker.config import Config
 from broker.errors import ConfigError
 from broker.masking import quiet_http_libraries
+from broker.settings import resolve_secret
 from broker.untrusted import neutralize
 
 if TYPE_CHECKING:

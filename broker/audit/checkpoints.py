@@ -34,9 +34,10 @@ from typing import Any
 
 from broker import clock
 from broker.audit.log import AuditLog, Fault
-from broker.config import Config, resolve_secret
+from broker.config import Config
 from broker.errors import ConfigError
 from broker.models import canonical_json
+from broker.settings import resolve_secret
 
 log = logging.getLogger("broker.audit.log")
 KEYS = {

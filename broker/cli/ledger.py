@@ -28,7 +28,7 @@ def migrate(
     state: StateOpt = None,
 ) -> None:
     """Copy the SQLite ledger and audit chain (hashes intact) into an empty PostgreSQL."""
-    from broker.config import resolve_secret
+    from broker.settings import resolve_secret
 
     cfg = config_only(config, state)
     if cfg.shared_ledger:

@@ -25,8 +25,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from broker.clock import parse_duration
-from broker.config import Config, resolve_secret
+from broker.config import Config
 from broker.errors import ConfigError
+from broker.settings import resolve_secret
 
 API_URL = "https://slack.com/api"
 HOOKS_URL = "https://hooks.slack.com/"

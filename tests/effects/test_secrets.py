@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from pytest_httpserver import HTTPServer
 
-from broker.config import Settings
 from broker.errors import ConfigError
+from broker.settings import Settings
 from broker.testing import make_context
 from effects.email import EmailSend
 from effects.git import GitPush

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from broker.config import Settings
 from broker.errors import ConfigError, EffectFailed, InvalidParams
+from broker.settings import Settings
 from broker.testing import make_context
 from effects.github import APP_TOKEN_CALL, IssueCreate
 from effects.github import settings as gh

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from broker.config import Settings
 from broker.errors import ConfigError, InvalidParams, Rejected
+from broker.settings import Settings
 from broker.testing import make_context
 from tests.effects.conftest import S3_OUTSIDE, S3_PLAIN, S3_REPORTS
 from tests.effects.s3.support import COPY, PUT, VALIDATOR, ctx_for, put
