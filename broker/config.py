@@ -210,16 +210,7 @@ def load_config(
     policy: Path | None = None,
 ) -> Config:
     """Read broker.toml: `path`, else $BROKER_CONFIG, else <state_dir>/broker.toml."""
-    if path is None and os.environ.get("BROKER_CONFIG"):
-        path = Path(os.environ["BROKER_CONFIG"])
-    data: dict[str, Any] = {}
-    explicit = path is not None
-    if path is None:
-        path = (state_dir or default_state_dir()) / "broker.toml"
-    if path.exists() or explicit:
-        data = read_toml(path, ConfigError, "configuration file")
-    else:
-        path = None
+    path, data = _read(path, state_dir)
     unknown = set(data) - {
         *("broker", "integrations", "sandbox", "approvers", "notify", "web"),
         *("metrics", "tracing", "audit"),
@@ -261,6 +252,19 @@ def load_config(
         host_id_setting=fleet.host_id_setting(section.get("host_id")),
         staged=Staged.parse(section.get("staged", False)),
     )
+
+
+def _read(path: Path | None, state_dir: Path | None) -> tuple[Path | None, dict[str, Any]]:
+    """The file to read and its tables: an absent default file is no file at all, an
+    absent file someone named is an error."""
+    if path is None and os.environ.get("BROKER_CONFIG"):
+        path = Path(os.environ["BROKER_CONFIG"])
+    if path is not None:
+        return path, read_toml(path, ConfigError, "configuration file")
+    path = (state_dir or default_state_dir()) / "broker.toml"
+    if path.exists():
+        return path, read_toml(path, ConfigError, "configuration file")
+    return None, {}
 
 
 def ledger_url(section: Mapping[str, Any]) -> str | None:

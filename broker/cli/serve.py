@@ -22,35 +22,43 @@ if TYPE_CHECKING:
 RUN_SETTINGS: dict[str, Any] = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
+ClaimOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="with --outbox: the broker's private claim dir, on the outbox's file system "
+        "and out of the sandbox's sight (default: <state>/claimed/<sandbox>)"
+    ),
+]
+RootOpt = Annotated[
+    Path | None,
+    typer.Option(help="serve every <root>/sandboxes/<id>/outbox (default root: the state dir)"),
+]
+StagedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--staged",
+        help="staged mode for every effect: validate, classify and preview each request, "
+        "apply nothing (as [broker] staged = true)",
+    ),
+]
+WorkspaceOpt = Annotated[
+    Path | None, typer.Option(help="a directory mounted read-write at /workspace")
+]
+
+
 def serve(
     outbox: Annotated[Path | None, typer.Option(help="an outbox to serve (attach mode)")] = None,
     results: Annotated[Path | None, typer.Option(help="where its results go (attach mode)")] = None,
     sandbox: Annotated[str, typer.Option(help="the sandbox id for --outbox")] = "default",
-    claim: Annotated[
-        Path | None,
-        typer.Option(
-            help="with --outbox: the broker's private claim dir, on the outbox's file system "
-            "and out of the sandbox's sight (default: <state>/claimed/<sandbox>)"
-        ),
-    ] = None,
-    root: Annotated[
-        Path | None,
-        typer.Option(help="serve every <root>/sandboxes/<id>/outbox (default root: the state dir)"),
-    ] = None,
+    claim: ClaimOpt = None,
+    root: RootOpt = None,
     config: ConfigOpt = None,
     state: StateOpt = None,
     policy: PolicyOpt = None,
     listen: ListenOpt = None,
     insecure_listen: InsecureOpt = False,
     verbose: VerboseOpt = False,
-    staged: Annotated[
-        bool,
-        typer.Option(
-            "--staged",
-            help="staged mode for every effect: validate, classify and preview each request, "
-            "apply nothing (as [broker] staged = true)",
-        ),
-    ] = False,
+    staged: StagedOpt = False,
 ) -> None:
     """Watch outboxes and answer every request until stopped (Ctrl-C)."""
     args = DaemonArgs(
@@ -118,9 +126,7 @@ def run(
     ctx: typer.Context,
     image: Annotated[str | None, typer.Option(help="the agent image (default: built-in)")] = None,
     name: Annotated[str | None, typer.Option(help="the sandbox id (default: random)")] = None,
-    workspace: Annotated[
-        Path | None, typer.Option(help="a directory mounted read-write at /workspace")
-    ] = None,
+    workspace: WorkspaceOpt = None,
     detach: Annotated[bool, typer.Option(help="start and leave it to `broker serve`")] = False,
     config: ConfigOpt = None,
     state: StateOpt = None,

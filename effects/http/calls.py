@@ -132,6 +132,31 @@ def build_call(params: Params, settings: HttpSettings) -> Call:
         raise InvalidParams("/params/method", refused, "method_not_allowed")
     if params.get("query"):
         url = url.copy_merge_params(params["query"])
+    headers = _request_headers(params, dest)
+    if "json" in params and "body" in params:
+        raise InvalidParams("/params/body", "send json or body, not both", "json_or_body")
+    if params["method"] in SAFE_METHODS and ("json" in params or "body" in params):
+        raise InvalidParams(
+            "/params/json" if "json" in params else "/params/body",
+            f"a {params['method']} request carries no body (it must change nothing and send "
+            "nothing out); use POST, PUT or PATCH to send data",
+            "body_on_safe_method",
+        )
+    content = _content(params, headers)
+    timeout = min(float(params.get("timeout", settings.max_time)), settings.max_time)
+    return Call(
+        method=params["method"],
+        url=url,
+        destination=dest,
+        headers=tuple(headers),
+        content=content,
+        timeout=timeout,
+        follow=bool(params.get("follow_redirects", False)),
+    )
+
+
+def _request_headers(params: Params, dest: Destination | None) -> list[tuple[str, str]]:
+    """The request's own headers; none the broker frames or the destination sets."""
     reserved = dest.headers.names if dest else frozenset()
     headers: list[tuple[str, str]] = []
     for name, value in params.get("headers", {}).items():
@@ -147,15 +172,11 @@ def build_call(params: Params, settings: HttpSettings) -> Call:
                 "leave it out",
             )
         headers.append((name, value))
-    if "json" in params and "body" in params:
-        raise InvalidParams("/params/body", "send json or body, not both", "json_or_body")
-    if params["method"] in SAFE_METHODS and ("json" in params or "body" in params):
-        raise InvalidParams(
-            "/params/json" if "json" in params else "/params/body",
-            f"a {params['method']} request carries no body (it must change nothing and send "
-            "nothing out); use POST, PUT or PATCH to send data",
-            "body_on_safe_method",
-        )
+    return headers
+
+
+def _content(params: Params, headers: list[tuple[str, str]]) -> bytes | None:
+    """The body as bytes (json or text), adding its Content-Type unless one is given."""
     given = {name.lower() for name, _ in headers}
     content: bytes | None = None
     if "json" in params:
@@ -168,13 +189,4 @@ def build_call(params: Params, settings: HttpSettings) -> Call:
         content = params["body"].encode("utf-8")
         if "content-type" not in given:
             headers.append(("Content-Type", "text/plain; charset=utf-8"))
-    timeout = min(float(params.get("timeout", settings.max_time)), settings.max_time)
-    return Call(
-        method=params["method"],
-        url=url,
-        destination=dest,
-        headers=tuple(headers),
-        content=content,
-        timeout=timeout,
-        follow=bool(params.get("follow_redirects", False)),
-    )
+    return content
