@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest docker tools postgres image bench clean demo-fleet
+.PHONY: demo test lint typecheck pytest soak docker tools postgres image bench clean demo-fleet
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -32,8 +32,19 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Most tests wait (on a broker, a browser, PostgreSQL, Docker), so 4 workers keep two
+# cores busy; each worker starts its own PostgreSQL and Chromium, and a file stays whole
+# on one worker (loadfile). pytest caches its rewritten test modules as bytecode: with
+# PYTHONDONTWRITEBYTECODE set, every run and every worker would rewrite all of them.
+PYTEST_WORKERS ?= 4
 pytest: $(STAMP) docker tools postgres
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -n $(PYTEST_WORKERS) \
+		--dist loadfile $(PYTEST_ARGS)
+
+# The soak and flood variants (marked soak), at their long sizes (BROKER_SOAK=1): a
+# burst of 100,000 requests, latency beside a flooding sandbox. Not part of `make test`.
+soak: $(STAMP) docker tools postgres
+	env -u PYTHONDONTWRITEBYTECODE BROKER_SOAK=1 $(BIN)/python -m pytest -m soak -n 2 $(PYTEST_ARGS)
 
 # PostgreSQL's server binaries (Debian's postgresql when absent, as root); nothing is
 # started here: each test session, demo and bench starts its own server in a temp dir.

@@ -17,6 +17,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
+from broker.audit import log as audit
 from broker.testing import BrokerHarness
 from broker.validation import load_schema
 
@@ -239,3 +240,18 @@ def line(s: Serving, *words: str) -> str:
         found = s.line_with(words[0])
         if all(w in found for w in words):
             return found
+
+
+def barrier(h: BrokerHarness) -> None:
+    """Return once everything written before it has been through a wake-up: its results
+    and its audit events too (a wake-up writes results first, then the audit log)."""
+    rid = f"barrier-{uuid.uuid4().hex[:8]}"
+    result = h.submit({"version": 1, "id": rid, "effect": "test.nothing", "params": {}})
+    assert result["status"] == "invalid"
+
+    def logged() -> bool:
+        """the barrier's own events in the audit log"""
+        found = audit.read_events(h.config.audit_path)
+        return any(e is not None and e.get("id") == rid for _, e, _ in found)
+
+    eventually(logged)

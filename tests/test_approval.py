@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from typing import Any
 
 import pytest
@@ -16,7 +15,7 @@ from broker.errors import DecisionError
 from broker.models import parse_iso
 from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness, FakeHandler
-from tests.support import SETTLE_S, Start
+from tests.support import SETTLE_S, Start, barrier
 
 REASON = "a person looks at every record first"
 
@@ -73,13 +72,6 @@ def state_of(h: BrokerHarness, ref: str) -> str:
         return ledger.find(ref).state
     finally:
         ledger.close()
-
-
-def barrier(h: BrokerHarness) -> None:
-    """Return once everything written before it has been through a wake-up."""
-    rid = f"barrier-{uuid.uuid4().hex[:8]}"
-    result = h.submit({"version": 1, "id": rid, "effect": "test.nothing", "params": {}})
-    assert result["status"] == "invalid"
 
 
 def events(h: BrokerHarness, kind: str) -> list[dict[str, Any]]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import uuid
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness, FakeHandler
 from broker.typing import JSON, Params
 from effects.base import Context
-from tests.support import Start, checked, eventually
+from tests.support import Start, barrier, checked, eventually
 
 
 def stamp(result: dict[str, Any], key: str) -> datetime:
@@ -34,13 +33,6 @@ def stamp(result: dict[str, Any], key: str) -> datetime:
 
 def events(h: BrokerHarness) -> list[dict[str, Any]]:
     return [e for _, e, _ in audit.read_events(h.config.audit_path) if e is not None]
-
-
-def barrier(h: BrokerHarness) -> None:
-    """Return once everything written before it has been through a wake-up."""
-    rid = f"barrier-{uuid.uuid4().hex[:8]}"
-    result = h.submit({"version": 1, "id": rid, "effect": "test.nothing", "params": {}})
-    assert result["status"] == "invalid"
 
 
 def gate(effect: str = "test.record", **rule: Any) -> dict[str, Any]:

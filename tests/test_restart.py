@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from broker.lifecycle.marks import StartMarks
 from broker.models import iso, now, parse_iso
 from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness, FakeHandler
-from tests.support import SETTLE_S, checked
+from tests.support import SETTLE_S, barrier, checked
 
 
 def gate(effect: str, timeout: str = "1h", **when: str) -> dict[str, Any]:
@@ -58,12 +57,6 @@ def claim_dir_empties(h: BrokerHarness, within: float = 5.0) -> bool:
 
 def claim_dir(h: BrokerHarness) -> Path:
     return h.state / "claimed" / h.sandbox
-
-
-def barrier(h: BrokerHarness) -> None:
-    """Return once everything written before it has been through a wake-up."""
-    rid = f"barrier-{uuid.uuid4().hex[:8]}"
-    assert h.submit({"version": 1, "id": rid, "effect": "test.nothing", "params": {}})
 
 
 def assert_audit_sound(h: BrokerHarness, ids: set[str]) -> None:

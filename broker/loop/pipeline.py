@@ -158,8 +158,10 @@ class Broker:
         self._control_server.start()
         # decisions others commit on this host's requests wake the loop (shared store)
         self._listener = self.ledger.listen(lambda: self.events.put(Reload()))
-        self.admission.controls.refresh()
-        self._recover()
+        # a store gone between the lock and here is waited out too; its end reloads them
+        self.outage.attempt(self.admission.controls.refresh, False, Kept(recover=True))
+        if not self.outage.active:
+            self._recover()
         self.served.watch(self.events)
         # now that every watch is in place: read what is there and reload decisions
         # taken while we started (their nudges may have come before the watches)

@@ -95,10 +95,16 @@ class Pages:
         status: int = 200,
         *,
         live_url: str | None = None,
+        cursor: int | None = None,
         **context: Any,
     ) -> HTMLResponse:
-        """Render `name`; `live_url` is where the page's script fetches fresh copies."""
-        cursor = self.inbox.cursor() if who else 0  # read first: the page is at least this new
+        """Render `name`; `live_url` is where the page's script fetches fresh copies.
+
+        `cursor` is the change mark read before the page's data (else it is read now): a
+        mark read after would hide a change made in between from the page's live updates.
+        """
+        if cursor is None:
+            cursor = self.inbox.cursor() if who else 0
         waiting = self.inbox.waiting() if who else 0
         here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         text = self.env.get_template(name).render(
@@ -211,11 +217,13 @@ def history(
     if who is None:
         return pages.to_login(request)
     filters = Filters(effect or None, sandbox or None, outcome or None)
+    cursor = pages.inbox.cursor()  # before the records: the page is at least this new
     records = pages.inbox.history(filters, 200, states=DECIDED)
     return pages.html(
         "history.html",
         request,
         who,
+        cursor=cursor,
         records=records,
         filters=filters,
         effects=pages.inbox.effects(),

@@ -48,6 +48,7 @@ def _inbox_page(
     status: int = 200,
     **context: Any,
 ) -> Response:
+    cursor = pages.inbox.cursor()  # before the cards: the page is at least this new
     everything = pages.inbox.pending()
     cards = [c for c in everything if narrowing.keeps(c)]
     facets = {
@@ -71,6 +72,7 @@ def _inbox_page(
         who,
         status,
         live_url="/" + (f"?{urlencode(query)}" if query else ""),
+        cursor=cursor,
         cards=cards,
         facets=facets,
         narrowing=narrowing,
@@ -161,6 +163,7 @@ def _request_page(
     *,
     decided: re.Match[str] | None = None,
 ) -> Response:
+    cursor = pages.inbox.cursor()  # before the card: the page is at least this new
     try:
         card = pages.inbox.card(sandbox, request_id)
     except RequestNotFound as exc:
@@ -173,6 +176,7 @@ def _request_page(
         who,
         status,
         live_url=render.request_url(sandbox, request_id),
+        cursor=cursor,
         card=card,
         notice=notice,
         problem=problem,

@@ -36,7 +36,7 @@ OUTCOME_EVENTS = TERMINAL
 
 
 def soak() -> bool:
-    """Long variants run when BROKER_SOAK=1."""
+    """Long variants run when BROKER_SOAK=1 (`make soak` sets it)."""
     return os.environ.get("BROKER_SOAK", "") not in ("", "0")
 
 

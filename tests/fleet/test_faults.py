@@ -6,17 +6,21 @@ reached it exactly once."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
+from broker.loop.pipeline import Broker
+from broker.testing import BrokerHarness, FakeHandler
 from tests.crash.support import Receiver, soak, wait_for
 from tests.fleet.conftest import MakeHost
 from tests.fleet.support import Host, request
-from tests.pgserver import PgServer
+from tests.pgserver import PASSWORD, PgServer
 
 FLOOD = 1000 if soak() else 300
 AUTO = '[[rules]]\neffect = "crashtest.send"\naction = "auto"\nreason = "the flood"\n'
@@ -82,7 +86,8 @@ def test_postgresql_restarted_mid_flood(
     for h in hosts:
         h.stage([request(f"f{i}") for i in range(half)])
         h.start()
-    wait_for(lambda: len(hosts[0].results()) >= 50, 120, "the flood to be under way")
+    for h in hosts:  # each broker past its start, mid-flood
+        wait_for(lambda h=h: len(h.results()) >= 50, 120, f"{h.name}'s flood under way")
     pg_server.stop("fast")
     try:
         for h in hosts:
@@ -101,3 +106,37 @@ def test_postgresql_restarted_mid_flood(
         assert h.process is not None and h.process.proc.poll() is None
         wait_for(lambda h=h: "answers again" in h.process.output(), 60, "the broker resuming")
     assert_chains_verify(hosts[0])
+
+
+def test_postgresql_gone_between_the_lock_and_the_first_read_is_waited_out(
+    tmp_path: Path, pg_url: str, pg_server: PgServer, fake: FakeHandler
+) -> None:
+    """PostgreSQL stops after a broker took its lease and before it first reads the
+    controls (a start under load): the broker waits it out as it does mid-flood, and
+    answers once the server is back."""
+    secret = tmp_path / "pgpass"
+    secret.write_text(PASSWORD, encoding="utf-8")
+
+    def gone_after_the_lock(broker: Broker) -> None:
+        broker.lock.acquire("test")
+        pg_server.stop("fast")
+
+    h = BrokerHarness(tmp_path / "h", handlers=[fake], prepare=gone_after_the_lock)
+    h.config = dataclasses.replace(
+        h.config,
+        ledger_url=pg_url,
+        ledger_refs={"ledger_password_file": str(secret)},
+        host_id_setting="alpha",
+    )
+    try:
+        h.start()
+        assert h.error is None, h.error
+        doc = h.request("test.record", {"value": "after"})
+        h.write(f"{doc['id']}.json", doc)
+    finally:
+        pg_server.start()
+    try:
+        assert h.wait(doc["id"], timeout=60)["status"] == "applied"
+        assert fake.applied == [{"value": "after"}]
+    finally:
+        h.stop()

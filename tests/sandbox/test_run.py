@@ -217,7 +217,10 @@ def test_sigterm_removes_the_container_as_ctrl_c_does(
     """SIGTERM (a service manager stopping the run) removes the container and exits 130."""
     log = tmp_path / "run.log"
     with running(host, engine, log, "term1", "sleep", "60") as proc:
-        eventually(lambda: "sandbox term1: running" in log.read_text() or proc.poll() is not None)
+        # the start (image check, container create) has no bound under load: wait for it
+        eventually(
+            lambda: "sandbox term1: running" in log.read_text() or proc.poll() is not None, 90
+        )
         assert proc.poll() is None, log.read_text()
         time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
