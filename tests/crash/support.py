@@ -280,6 +280,16 @@ class BrokerProcess:
     def output(self) -> str:
         return self.log.read_text(encoding="utf-8", errors="replace")
 
+    def started(self, timeout: float = 120) -> bool:
+        """Whether the broker got as far as serving (its banner) or has already exited;
+        a start slowed by a busy machine is waited for, not counted as a hang."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None or "serving sandboxes" in self.output():
+                return True
+            time.sleep(0.05)
+        return False
+
 
 # -- files ------------------------------------------------------------------------------
 

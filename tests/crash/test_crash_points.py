@@ -248,6 +248,7 @@ def crash_run(base: Path, receiver: Receiver, point: str, n: int) -> Outcome:
 
     first = site.start(crash_at=f"{point}:{n}", log_name="crashing.log")
     try:
+        assert first.started(), f"the broker to crash at {point}:{n} never started"
         time.sleep(0.2)
         for rid, doc in w.wave2().items():
             site.write(f"{rid}.json", doc)

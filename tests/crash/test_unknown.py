@@ -26,7 +26,7 @@ def test_interrupted_send_ends_unknown_and_reconcile_settles_it(
     site.write(f"{rid}.json", {"version": 1, "id": rid, "effect": "crashtest.send", "params": {}})
 
     crashing = site.start(crash_at=crash_at)
-    assert crashing.wait(20) == -9, crashing.output()
+    assert crashing.started() and crashing.wait(60) == -9, crashing.output()
     assert receiver.count(f"default/{rid}")[0] == delivered
     broker = site.start(log_name="restarted.log")
     try:
@@ -59,7 +59,7 @@ def test_send_killed_before_its_handler_ran_is_applied_once_on_restart(
     site.write(f"{rid}.json", {"version": 1, "id": rid, "effect": "crashtest.send", "params": {}})
 
     crashing = site.start(crash_at="after_commit:1")
-    assert crashing.wait(20) == -9, crashing.output()
+    assert crashing.started() and crashing.wait(60) == -9, crashing.output()
     assert receiver.count(f"default/{rid}")[0] == 0
     broker = site.start(log_name="restarted.log")
     try:
