@@ -339,7 +339,9 @@ class Broker:
     def _commit(self, work: Kept, reload: bool, batch: Batch) -> None:
         """The wake-up's one transaction (group commit)."""
         with self.ledger.transaction():
-            if reload:  # a kill switch or an accepted rule holds from this request on
+            # a kill switch or an accepted rule holds from this request on; a deadline
+            # is judged on the switches committed, not on whether their nudge came yet
+            if reload or work.due:
                 self.admission.controls.refresh()
             work.written = self._mark_synced()
             self.ledger.prefetch(  # the rows this wake-up reads, at once (a shared store)

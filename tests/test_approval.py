@@ -12,10 +12,10 @@ import pytest
 
 from broker import audit
 from broker.approval import Outcome, card, decide, nudge
+from broker.clock import REAL, Clock
 from broker.errors import DecisionError
 from broker.ledger import Ledger
 from broker.models import parse_iso
-from broker.clock import REAL, Clock
 from broker.testing import BrokerHarness, FakeClock, FakeHandler
 from tests.support import SETTLE_S, Start
 

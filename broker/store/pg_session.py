@@ -32,7 +32,9 @@ from broker.store.pg_schema import error
 
 CONNECT_TIMEOUT_S = 5.0
 Statement = tuple[str, tuple[Any, ...] | None]
-_pools: dict[tuple[str, str | None], ConnectionPool[psycopg.Connection[Any]]] = {}
+Pool = ConnectionPool[psycopg.Connection[Any]]
+_pools: dict[tuple[str, str | None], Pool] = {}
+_users: dict[int, int] = {}  # by id(pool): the stores and leases that hold it open
 _pools_lock = threading.Lock()
 
 
@@ -63,6 +65,27 @@ def pool(url: str, password: str | None) -> ConnectionPool[psycopg.Connection[An
         return made
 
 
+def hold(pool: Pool) -> Pool:
+    """Count one more user of `pool`: it stays open until the last one lets go."""
+    with _pools_lock:
+        _users[id(pool)] = _users.get(id(pool), 0) + 1
+    return pool
+
+
+def let_go(pool: Pool) -> None:
+    """One user is done with `pool`; the last closes it and joins its threads."""
+    with _pools_lock:
+        left = _users.get(id(pool), 0) - 1
+        if left > 0:
+            _users[id(pool)] = left
+            return
+        _users.pop(id(pool), None)
+        for key, found in list(_pools.items()):
+            if found is pool:
+                del _pools[key]
+    pool.close()
+
+
 def unreachable(url: str, password: str | None) -> LedgerError:
     """Why a connection cannot be had, in one line (the pool only says it timed out)."""
     try:
@@ -78,12 +101,19 @@ class Session:
     def __init__(self, url: str, password: str | None) -> None:
         self.url = url
         self._password = password
-        self._pool = pool(url, password)
+        self._pool = hold(pool(url, password))
+        self._held = True
         self._conn: psycopg.Connection[Any] | None = None
         self._depth = 0
         self._queued: list[Statement] = []
         self._saved = 0
         self._careful = False
+
+    def close(self) -> None:
+        """Let go of the process's pool (closed, its threads joined, with its last user)."""
+        if self._held:
+            self._held = False
+            let_go(self._pool)
 
     # -- transactions ---------------------------------------------------------------
 

@@ -86,7 +86,8 @@ class PostgresStore(Controls, Session):
         self._seqs: list[int] = []  # reserved request seqs, used in order
 
     def close(self) -> None:
-        """Nothing of its own to close: connections go back to the process's pool."""
+        """Connections go back to the process's pool; the last store closes it."""
+        super().close()
 
     def ping(self) -> bool:
         try:
