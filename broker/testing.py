@@ -33,7 +33,7 @@ import os
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -195,7 +195,7 @@ class FakeClock(Clock):
     """
 
     def __init__(self, start: datetime | None = None) -> None:
-        self._wall = start if start is not None else datetime.now(UTC)
+        self._wall = start if start is not None else REAL.now()
         self._mono = 1000.0  # not 0: nothing may take a monotonic 0 for "never"
         self._moved = threading.Condition()
         self._woken: list[Callable[[], None]] = []
