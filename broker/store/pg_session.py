@@ -38,12 +38,15 @@ _users: dict[int, int] = {}  # by id(pool): the stores and leases that hold it o
 _pools_lock = threading.Lock()
 
 
-def pool(url: str, password: str | None) -> ConnectionPool[psycopg.Connection[Any]]:
-    """The process's pool for `url`, opened (and the schema made) on first use."""
+def pool(url: str, password: str | None, user: bool = False) -> Pool:
+    """The process's pool for `url`, opened (and the schema made) on first use; a `user`
+    keeps it open until it lets go (`let_go`)."""
     key = (url, password)
     with _pools_lock:
         found = _pools.get(key)
         if found is not None:
+            if user:
+                _users[id(found)] = _users.get(id(found), 0) + 1
             return found
         kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": int(CONNECT_TIMEOUT_S)}
         if password is not None:
@@ -62,6 +65,8 @@ def pool(url: str, password: str | None) -> ConnectionPool[psycopg.Connection[An
             made.close()
             raise unreachable(url, password) from exc
         _pools[key] = made
+        if user:
+            _users[id(made)] = 1
         return made
 
 
@@ -101,7 +106,7 @@ class Session:
     def __init__(self, url: str, password: str | None) -> None:
         self.url = url
         self._password = password
-        self._pool = hold(pool(url, password))
+        self._pool = pool(url, password, user=True)
         self._held = True
         self._conn: psycopg.Connection[Any] | None = None
         self._depth = 0
