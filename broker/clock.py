@@ -1,9 +1,18 @@
-"""Time as the broker shows and stores it, and durations as people write them."""
+"""Time as the broker reads it (`Clock`), shows and stores it, and durations as people
+write them.
+
+Every part of the broker that decides something by time (a deadline, an expiry, a
+rate window, a retry, a lease's renewal, how long a job may run) reads the `Clock` it
+was given, never the `time` module: a test gives it `broker.testing.FakeClock` and moves
+time on with `advance` instead of waiting for it. `REAL` is the default everywhere.
+"""
 
 from __future__ import annotations
 
 import re
+import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -12,14 +21,44 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 MAX_DURATION_S = 366 * 86400.0  # a deadline must be a date people can still act on
 
 
+class Clock:
+    """Real time. Subclasses (a test's fake clock) override all five readings and waits."""
+
+    def monotonic(self) -> float:
+        """For how long things take and when deadlines come due."""
+        return time.monotonic()
+
+    def now(self) -> datetime:
+        """The wall clock, in UTC: for what is shown and stored."""
+        return datetime.now(UTC)
+
+    def time(self) -> float:
+        """The wall clock in epoch seconds (file times, signatures, Slack's reminders)."""
+        return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        """Wait `seconds` (between retries)."""
+        time.sleep(max(0.0, seconds))
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        """Wait until `event` is set or `seconds` have passed; whether it was set."""
+        return event.wait(max(0.0, seconds))
+
+    def on_advance(self, wake: Callable[[], None]) -> None:
+        """Call `wake` whenever time jumps ahead; real time never does, a fake one may."""
+
+
+REAL = Clock()
+
+
 def now() -> datetime:
-    """The wall clock: for what is shown and stored."""
-    return datetime.now(UTC)
+    """The real wall clock: for what is shown and stored, where no decision follows."""
+    return REAL.now()
 
 
 def monotonic() -> float:
-    """The monotonic clock: for how long things take and when deadlines come due."""
-    return time.monotonic()
+    """The real monotonic clock (a thread's start-up, a tool's own timing)."""
+    return REAL.monotonic()
 
 
 def iso(moment: datetime | None) -> str | None:

@@ -1,5 +1,5 @@
 """Test helpers shipped for plugin authors: a real Context for handler tests, a fake
-handler, and a broker in a thread.
+handler, a clock the test moves, and a broker in a thread.
 
 from broker.testing import FakeHandler, BrokerHarness, make_context
 
@@ -12,6 +12,17 @@ with BrokerHarness(tmp_path, handlers=[FakeHandler("demo.ping")]) as h:
 
 `BrokerHarness(..., staged=True)` (or `staged=["demo.*"]`) runs it in staged mode: the
 result is `staged`, its output the verdict and the preview, and nothing is applied.
+
+`BrokerHarness(..., clock=FakeClock())` runs the broker on time the test moves: a
+deadline, an expiry (`on_timeout`), a rate window or a retry comes due when the test
+says `clock.advance(seconds)`, never by waiting for it:
+
+clock = FakeClock()
+with BrokerHarness(tmp_path, handlers=[...], policy=POLICY, clock=clock) as h:
+    h.write("r.json", request)              # its rule says timeout = "1h"
+    h.wait("r", terminal=False)             # pending
+    clock.advance(3600)
+    assert h.wait("r")["status"] == "expired"
 """
 
 from __future__ import annotations
@@ -20,12 +31,13 @@ import dataclasses
 import json
 import os
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from broker.clock import REAL, Clock
 from broker.config import Config, Limits
 from broker.context import Memo, context_for
 from broker.errors import EffectFailed
@@ -164,11 +176,82 @@ class FakeHandler:
         self.started.set()
         self.release.wait(30)
         if "sleep" in params:
-            time.sleep(float(params["sleep"]))
+            REAL.sleep(float(params["sleep"]))
         if "fail" in params:
             raise EffectFailed(f"failed: {params['fail']}")
         self.applied.append(dict(params))
         return {"recorded": len(self.applied), "value": params.get("value")}
+
+
+class FakeClock(Clock):
+    """Time that moves only when the test says so, for a Broker (`clock=`) and anything
+    else that takes a `broker.clock.Clock`.
+
+    `advance(seconds)` moves the monotonic and the wall clock together and wakes what
+    waits on it (a broker's loop, `sleep`, `wait`); `step_wall(delta)` moves the wall
+    clock alone, as NTP or a person setting the date does. `sleep` returns once the
+    test has advanced the clock that far: `sleepers` says how many threads are asleep,
+    so a test can wait until a retry is waiting before it moves time on.
+    """
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self._wall = start if start is not None else REAL.now()
+        self._mono = 1000.0  # not 0: nothing may take a monotonic 0 for "never"
+        self._moved = threading.Condition()
+        self._woken: list[Callable[[], None]] = []
+        self.sleepers = 0
+
+    def monotonic(self) -> float:
+        with self._moved:
+            return self._mono
+
+    def now(self) -> datetime:
+        with self._moved:
+            return self._wall
+
+    def time(self) -> float:
+        return self.now().timestamp()
+
+    def sleep(self, seconds: float) -> None:
+        with self._moved:
+            end = self._mono + max(0.0, seconds)
+            self.sleepers += 1
+            try:
+                while self._mono < end:
+                    self._moved.wait()
+            finally:
+                self.sleepers -= 1
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        with self._moved:
+            end = self._mono + max(0.0, seconds)
+        while not event.is_set():
+            with self._moved:
+                if self._mono >= end:
+                    return False
+                self._moved.wait(0.01)  # or sooner, when time moves
+        return True
+
+    def on_advance(self, wake: Callable[[], None]) -> None:
+        with self._moved:
+            self._woken.append(wake)
+
+    def advance(self, seconds: float) -> None:
+        """Move both clocks on by `seconds` and wake whatever waits on this clock."""
+        if seconds < 0:
+            raise ValueError("a monotonic clock never goes back; use step_wall")
+        with self._moved:
+            self._mono += seconds
+            self._wall += timedelta(seconds=seconds)
+            self._moved.notify_all()
+            woken = list(self._woken)
+        for wake in woken:
+            wake()
+
+    def step_wall(self, delta: timedelta) -> None:
+        """Move the wall clock alone (either way); the monotonic clock stays."""
+        with self._moved:
+            self._wall += delta
 
 
 class BrokerHarness:
@@ -186,8 +269,10 @@ class BrokerHarness:
         builtins: bool = True,
         prepare: Callable[[Broker], None] | None = None,
         staged: Staged | bool = False,
+        clock: Clock = REAL,
     ) -> None:
         self.base = Path(base)
+        self.clock = clock  # the broker's: a FakeClock makes time the test's to move
         self.outbox = self.base / "outbox"
         self.results = self.base / "results"
         self.state = self.base / "state"
@@ -232,7 +317,7 @@ class BrokerHarness:
 
     def start(self) -> BrokerHarness:
         self._stop.clear()
-        self.broker = Broker(self.config, self.registry, self.policy)
+        self.broker = Broker(self.config, self.registry, self.policy, clock=self.clock)
         self.broker.add(attach(self.sandbox, self.outbox, self.results, self.state))
         if self.prepare is not None:
             self.prepare(self.broker)
@@ -311,15 +396,15 @@ class BrokerHarness:
         self, request_id: str, *, timeout: float = 10.0, terminal: bool = True
     ) -> dict[str, Any]:
         path = self.results / f"{request_id}.json"
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
+        end = REAL.monotonic() + timeout
+        while REAL.monotonic() < end:
             try:
                 result: dict[str, Any] = json.loads(path.read_bytes())
             except (FileNotFoundError, ValueError):
                 result = {}
             if result and (not terminal or result.get("status") in TERMINAL):
                 return result
-            time.sleep(0.005)
+            REAL.sleep(0.005)
         raise TimeoutError(
             f"no {'terminal ' if terminal else ''}result for {request_id} within {timeout}s"
         )

@@ -119,14 +119,22 @@ def pg_url(pg_server: PgServer) -> str:
 
 
 @pytest.fixture(params=BACKENDS)
-def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> OpenStore:
-    """Opens connections to one store of this test, SQLite or PostgreSQL."""
-    return opener(request.param, tmp_path, lambda: str(request.getfixturevalue("pg_url")))
+def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenStore]:
+    """Opens connections to one store of this test, SQLite or PostgreSQL; each is closed
+    after the test (the last one closes PostgreSQL's pool and joins its threads)."""
+    make = opener(request.param, tmp_path, lambda: str(request.getfixturevalue("pg_url")))
+    opened: list[Store] = []
+
+    def tracked(*args: Any, **kwargs: Any) -> Store:
+        opened.append(make(*args, **kwargs))
+        return opened[-1]
+
+    yield tracked
+    for store in opened:
+        store.close()
 
 
 @pytest.fixture
-def store(open_store: OpenStore) -> Iterator[Store]:
-    """A store of this test, on each back end in turn."""
-    opened = open_store()
-    yield opened
-    opened.close()
+def store(open_store: OpenStore) -> Store:
+    """A store of this test, on each back end in turn (closed by `open_store`)."""
+    return open_store()

@@ -11,10 +11,11 @@ import pytest
 
 from broker.approval.decisions import Outcome, card, decide, nudge
 from broker.audit import log as audit
+from broker.clock import REAL, Clock
 from broker.errors import DecisionError
 from broker.models import parse_iso
 from broker.store.sqlite import Ledger
-from broker.testing import BrokerHarness, FakeHandler
+from broker.testing import BrokerHarness, FakeClock, FakeHandler
 from tests.support import SETTLE_S, Start, barrier
 
 REASON = "a person looks at every record first"
@@ -35,8 +36,12 @@ def gate(approvals: int = 1, timeout: str = "1h", on_timeout: str = "deny") -> s
 
 @pytest.fixture
 def start(start: Start, fake: FakeHandler) -> Start:
-    """Start a broker gating test.record (gate() kwargs); stopped after the test."""
-    return lambda **terms: start(handlers=[fake], policy=gate(**terms), builtins=False)
+    """Start a broker gating test.record (gate() kwargs, and its clock); stopped after."""
+
+    def make(clock: Clock = REAL, **terms: Any) -> BrokerHarness:
+        return start(handlers=[fake], policy=gate(**terms), builtins=False, clock=clock)
+
+    return make
 
 
 def waiting(h: BrokerHarness, value: Any = "v", **fields: Any) -> dict[str, Any]:
@@ -59,7 +64,14 @@ def decide_as(
     ledger = Ledger(h.config.ledger_path)
     try:
         return decide(
-            ledger, ref, verdict, approver=who, reason=reason, surface="web", sha256=sha256
+            ledger,
+            ref,
+            verdict,
+            approver=who,
+            reason=reason,
+            surface="web",
+            sha256=sha256,
+            now=h.clock,  # the broker's: a FakeClock's deadlines pass when it is moved
         )
     finally:
         ledger.close()
@@ -260,8 +272,10 @@ def test_deciding_a_settled_request_is_refused(start: Start, fake: FakeHandler) 
 
 def test_deciding_an_expired_request_is_refused(start: Start, fake: FakeHandler) -> None:
     """After the deadline the request is expired and an approval is refused."""
-    h = start(timeout="300ms")
+    clock = FakeClock()
+    h = start(timeout="300ms", clock=clock)
     pending = waiting(h)
+    clock.advance(0.3)
     assert h.wait(pending["id"], timeout=5)["status"] == "expired"
     with pytest.raises(DecisionError, match="not waiting"):
         decide_as(h, pending["id"], "approve", "alice")
@@ -377,11 +391,12 @@ def test_deadline_survives_a_restart(
     start: Start, fake: FakeHandler, on_timeout: str, status: str, applies: int
 ) -> None:
     """A deadline that passes while the broker is down takes effect when it starts."""
-    h = start(timeout="500ms", on_timeout=on_timeout)
+    clock = FakeClock()
+    h = start(timeout="500ms", on_timeout=on_timeout, clock=clock)
     pending = waiting(h)
     assert pending["on_timeout"] == on_timeout
     h.stop()
-    time.sleep(0.6)
+    clock.advance(0.6)
     h.start()
     result = h.wait(pending["id"], timeout=3)
     assert result["status"] == status
@@ -391,9 +406,12 @@ def test_deadline_survives_a_restart(
 
 def test_deadline_still_runs_after_a_restart_before_it(start: Start, fake: FakeHandler) -> None:
     """A restart before the deadline keeps it: the request expires on time, not never."""
-    h = start(timeout="600ms")
+    clock = FakeClock()
+    h = start(timeout="600ms", clock=clock)
     pending = waiting(h)
     h.restart()
+    assert h.wait(pending["id"], terminal=False)["status"] == "pending"
+    clock.advance(0.6)
     result = h.wait(pending["id"], timeout=3)
     assert result["status"] == "expired"
     assert "expired" in result["reason"]
@@ -402,10 +420,11 @@ def test_deadline_still_runs_after_a_restart_before_it(start: Start, fake: FakeH
 
 def test_approval_after_the_deadline_does_not_apply(start: Start, fake: FakeHandler) -> None:
     """An approval given after the deadline (broker down) does not apply: it was to be denied."""
-    h = start(timeout="500ms", on_timeout="deny")
+    clock = FakeClock()
+    h = start(timeout="500ms", on_timeout="deny", clock=clock)
     pending = waiting(h)
     h.stop()
-    time.sleep(0.6)
+    clock.advance(0.6)
     try:
         decide_as(h, pending["id"], "approve", "alice")
     except DecisionError:

@@ -15,7 +15,7 @@ import pytest
 from broker import client
 from broker.audit import log as audit
 from broker.errors import DecisionError, RequestNotFound
-from broker.testing import BrokerHarness, FakeHandler
+from broker.testing import BrokerHarness, FakeClock, FakeHandler
 from tests.support import SETTLE_S
 
 POLICY = (
@@ -26,9 +26,14 @@ POLICY = (
 
 @pytest.fixture
 def h(tmp_path: Path, fake: FakeHandler) -> Iterator[BrokerHarness]:
-    """A running broker: test.record waits an hour for people, test.brief 300 ms."""
+    """A running broker: test.record waits an hour for people, test.brief 300 ms (on a
+    FakeClock: its deadline passes when a test moves the clock)."""
     harness = BrokerHarness(
-        tmp_path / "h", handlers=[fake, FakeHandler("test.brief")], policy=POLICY, builtins=False
+        tmp_path / "h",
+        handlers=[fake, FakeHandler("test.brief")],
+        policy=POLICY,
+        builtins=False,
+        clock=FakeClock(),
     )
     with harness:
         time.sleep(SETTLE_S)
@@ -97,6 +102,8 @@ def test_decision_of_a_settled_request_returns_at_once(h: BrokerHarness) -> None
 def test_decision_reports_an_expiry(h: BrokerHarness, fake: FakeHandler) -> None:
     """When nobody answers in time, `decision` returns the expiry, not an approval."""
     rid = waiting(h, "test.brief")
+    assert isinstance(h.clock, FakeClock)
+    h.clock.advance(0.3)
     info = asyncio.run(client.decision(rid, timeout=5, state_dir=h.state))
     assert info.status == "expired"
     assert info.decided_by == "policy (on_timeout)"

@@ -7,7 +7,8 @@ import json
 import signal
 from pathlib import Path
 
-from tests.support import ServeSite, run_broker
+from broker.testing import BrokerHarness, FakeClock
+from tests.support import ServeSite, eventually, run_broker
 
 QUOTA = """
 [[rules]]
@@ -183,23 +184,52 @@ def test_a_deadline_that_would_apply_does_not_pass_a_kill_switch(
     tmp_path: Path, home: Path
 ) -> None:
     """on_timeout = "approve" applies a reversible request when nobody decides; not once
-    its effect is switched off."""
-    site = ServeSite(tmp_path / "site", home)
-    (site.config.parent / "policy.toml").write_text(
+    its effect is switched off. The deadline passes when the test moves the broker's
+    clock, after the CLI has switched the effect off (whether or not its nudge came)."""
+    policy = (
         '[[rules]]\neffect = "files.write"\naction = "approve"\ntimeout = "2s"\n'
         'on_timeout = "approve"\nreason = "a person may look; else it goes"\n'
     )
-    serving = site.serve()
-    try:
-        rid = site.request("files.write", path="late.txt", content="x")
-        site.result(rid, "pending")
-        site.cli("effects", "disable", "files.write", "--reason", "frozen for the audit")
-        done = site.result(rid, "denied")
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    clock = FakeClock()
+    h = BrokerHarness(
+        tmp_path / "b",
+        policy=policy,
+        integrations={"files": {"root": str(exports)}},
+        clock=clock,
+    )
+    (tmp_path / "policy.toml").write_text(policy)
+    config = tmp_path / "broker.toml"
+    config.write_text(
+        f'[broker]\nstate_dir = "{h.state}"\npolicy = "policy.toml"\n'
+        f'[integrations.files]\nroot = "{exports}"\n'
+    )
+
+    def cli(*args: str) -> None:
+        done = run_broker(*args, "--config", str(config), home=home)
+        assert done.returncode == 0, done.stderr
+
+    def late(path: str) -> dict[str, object]:
+        doc = h.request("files.write", {"path": path, "content": "x"})
+        return h.submit(doc, terminal=False)
+
+    with h:
+        rid = str(late("late.txt")["id"])
+        assert h.wait(rid, terminal=False)["status"] == "pending"
+        cli("effects", "disable", "files.write", "--reason", "frozen for the audit")
+        clock.advance(2.0)
+        done = h.wait(rid)
+        assert done["status"] == "denied"
         assert "frozen for the audit" in done["reason"]
-        assert not written(site, "late.txt")
-        site.cli("effects", "enable", "files.write")
-        other = site.request("files.write", path="later.txt", content="y")
-        site.result(other, "pending")
-        assert site.result(other, "applied")["decided_by"] == "policy (on_timeout)"
-    finally:
-        serving.close()
+        assert not any(exports.rglob("late.txt"))
+        cli("effects", "enable", "files.write")
+        assert h.broker is not None
+        controls = h.broker.admission.controls
+        eventually(lambda: controls.disabled("files.write") is None)  # the nudge came
+        other = str(late("later.txt")["id"])
+        assert h.wait(other, terminal=False)["status"] == "pending"
+        clock.advance(2.0)
+        applied = h.wait(other)
+        assert applied["status"] == "applied"
+        assert applied["decided_by"] == "policy (on_timeout)"

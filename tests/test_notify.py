@@ -17,7 +17,7 @@ from broker.approval.decisions import decide, nudge
 from broker.approval.notify import Notifier, Webhook, payload, webhooks_from
 from broker.errors import ConfigError
 from broker.store.sqlite import Ledger
-from broker.testing import BrokerHarness, FakeHandler
+from broker.testing import BrokerHarness, FakeClock, FakeHandler
 from tests.support import Hook, Start, eventually
 
 INBOX = "http://inbox.test:8700"
@@ -153,19 +153,30 @@ def test_slack_text_cannot_ping_or_break_out(hook: Hook) -> None:
 
 @pytest.mark.parametrize("status", [503, 429])
 def test_temporary_failures_are_retried_with_backoff(hook: Hook, status: int) -> None:
-    """Two temporary failures then success: three attempts, waits growing, one delivery."""
+    """Two temporary failures then success: three attempts, waits growing, one delivery.
+    The waits are on a FakeClock: no attempt comes before the test moves time that far."""
     hook.script["/json"] = [status, status, 200]
-    notifier = quick(hook.url("/json"))
+    clock = FakeClock()
+    notifier = quick(hook.url("/json"), backoff=0.0625, clock=clock)  # exact in binary
+    at: list[float] = []  # the clock when each attempt arrived
     try:
         notifier.pending(CARD)
+        for attempt, waits in ((1, [0.0625]), (2, [0.0625, 0.0625])):
+            hook.wait_for("/json", attempt)
+            at.append(clock.monotonic())
+            for step in waits:
+                eventually(lambda: clock.sleepers == 1)  # backing off, not posting
+                assert len(hook.calls("/json")) == attempt
+                clock.advance(step)
         calls = hook.wait_for("/json", 3)
+        at.append(clock.monotonic())
         eventually(lambda: notifier.delivered == 1)
     finally:
         notifier.close()
     assert notifier.failed == 0
-    gaps = [b["at"] - a["at"] for a, b in itertools.pairwise(calls)]
-    assert gaps[0] >= 0.05
-    assert gaps[1] >= 0.1
+    gaps = [b - a for a, b in itertools.pairwise(at)]
+    assert gaps[0] >= 0.0625
+    assert gaps[1] >= 0.125
     assert all(c["body"] == calls[0]["body"] for c in calls)
 
 
@@ -176,9 +187,8 @@ def test_client_error_is_not_retried(hook: Hook) -> None:
     try:
         notifier.pending(CARD)
         eventually(lambda: notifier.failed == 1)
-        time.sleep(0.2)
     finally:
-        notifier.close()
+        notifier.close()  # joins its thread: a retry would have come by now
     assert len(hook.calls("/json")) == 1
     assert notifier.delivered == 0
 
@@ -190,9 +200,8 @@ def test_gives_up_after_the_configured_retries(hook: Hook) -> None:
     try:
         notifier.pending(CARD)
         eventually(lambda: notifier.failed == 1)
-        time.sleep(0.1)
     finally:
-        notifier.close()
+        notifier.close()  # joins its thread: a fourth attempt would have come by now
     assert len(hook.calls("/json")) == 3
 
 

@@ -19,7 +19,7 @@ from broker.config import Limits
 from broker.errors import EffectFailed
 from broker.models import parse_iso
 from broker.store.sqlite import Ledger
-from broker.testing import BrokerHarness, FakeHandler
+from broker.testing import BrokerHarness, FakeClock, FakeHandler
 from broker.typing import JSON, Params
 from effects.base import Context
 from tests.support import Start, barrier, checked, eventually
@@ -101,7 +101,8 @@ def test_deny_rule_denies_with_its_reason(start: Start, fake: FakeHandler) -> No
 
 def test_approve_rule_waits_then_expires(start: Start, fake: FakeHandler) -> None:
     """An approve rule answers `pending` with a deadline; nobody decides: `expired`."""
-    h = start(handlers=[fake], policy=gate(timeout="1s", on_timeout="deny"))
+    clock = FakeClock()
+    h = start(handlers=[fake], policy=gate(timeout="1s", on_timeout="deny"), clock=clock)
     doc = h.request("test.record", {"value": 1})
     pending = checked(h.submit(doc, terminal=False))
     assert pending["status"] == "pending"
@@ -110,6 +111,7 @@ def test_approve_rule_waits_then_expires(start: Start, fake: FakeHandler) -> Non
     assert 0.5 <= (expires - received).total_seconds() <= 1.5
     assert pending["completed_at"] is None
 
+    clock.advance(1.0)
     result = checked(h.wait(doc["id"], timeout=5))
     assert result["status"] == "expired"
     assert "nobody decided" in result["reason"]
@@ -121,11 +123,13 @@ def test_approve_rule_waits_then_expires(start: Start, fake: FakeHandler) -> Non
 def test_on_timeout_approve_applies_a_reversible_effect(start: Start, fake: FakeHandler) -> None:
     """on_timeout = approve on a reversible effect applies it when the deadline passes,
     and the applied result no longer says it is waiting."""
-    h = start(handlers=[fake], policy=gate(timeout="1s", on_timeout="approve"))
+    clock = FakeClock()
+    h = start(handlers=[fake], policy=gate(timeout="1s", on_timeout="approve"), clock=clock)
     doc = h.request("test.record", {"value": "late"})
     pending = checked(h.submit(doc, terminal=False))
     assert pending["status"] == "pending"
     assert pending["on_timeout"] == "approve"
+    clock.advance(1.0)
 
     result = checked(h.wait(doc["id"], timeout=5))
     assert result["status"] == "applied"

@@ -12,6 +12,7 @@ from broker.errors import PolicyError
 from broker.policy.history import History, Past
 from broker.policy.ruleset import Policy, parse_policy, remembered_rule
 from broker.registry import default_registry
+from broker.testing import BrokerHarness, FakeClock, FakeHandler
 from tests.support import assert_one_line_error, run_broker
 
 REGISTRY = default_registry()
@@ -153,3 +154,22 @@ def test_a_remembered_rule_never_passes_a_protected_path() -> None:
 def test_a_remembered_rule_is_an_auto_rule_on_one_effect(raw: dict[str, object]) -> None:
     with pytest.raises(PolicyError, match="an auto rule on one effect"):
         remembered_rule(3, raw)
+
+
+def test_a_rate_window_moves_on_with_the_broker_clock(tmp_path: Path, fake: FakeHandler) -> None:
+    """rate = "2/1h" on a running broker: the third request within the hour waits for a
+    person; once the broker's clock has moved an hour on, the next one is applied."""
+    clock = FakeClock()
+    policy = (
+        '[[rules]]\neffect = "test.record"\naction = "auto"\n'
+        '[[limits]]\neffect = "test.record"\nrate = "2/1h"\naction = "approve"\n'
+    )
+    with BrokerHarness(tmp_path / "h", handlers=[fake], policy=policy, clock=clock) as h:
+        for value in (0, 1):
+            assert h.submit(h.request("test.record", {"value": value}))["status"] == "applied"
+        third = h.submit(h.request("test.record", {"value": 2}), terminal=False)
+        assert third["status"] == "pending"
+        assert "rate limit: 2 test.record in this sandbox within 1h" in third["reason"]
+        clock.advance(3600)
+        assert h.submit(h.request("test.record", {"value": 3}))["status"] == "applied"
+    assert [p["value"] for p in fake.applied] == [0, 1, 3]

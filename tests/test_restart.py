@@ -18,7 +18,7 @@ from broker.audit import log as audit
 from broker.lifecycle.marks import StartMarks
 from broker.models import iso, now, parse_iso
 from broker.store.sqlite import Ledger
-from broker.testing import BrokerHarness, FakeHandler
+from broker.testing import BrokerHarness, FakeClock, FakeHandler
 from tests.support import SETTLE_S, barrier, checked
 
 
@@ -105,7 +105,10 @@ def broker(tmp_path: Path, fake: FakeHandler, once: FakeHandler) -> Iterator[Bro
 
 def test_pending_deadline_survives_a_restart(tmp_path: Path, fake: FakeHandler) -> None:
     """A request pending when the broker stops expires at its original deadline."""
-    h = BrokerHarness(tmp_path / "b", handlers=[fake], policy=gate("test.record", "2s"))
+    clock = FakeClock()
+    h = BrokerHarness(
+        tmp_path / "b", handlers=[fake], policy=gate("test.record", "2s"), clock=clock
+    )
     h.start()
     time.sleep(SETTLE_S)
     try:
@@ -115,13 +118,13 @@ def test_pending_deadline_survives_a_restart(tmp_path: Path, fake: FakeHandler) 
         deadline = parse_iso(pending["expires_at"])
         assert deadline is not None
         h.stop()
-        time.sleep(max(0.0, (deadline - now()).total_seconds()) + 0.1)
+        clock.advance(max(0.0, (deadline - clock.now()).total_seconds()) + 0.1)
         assert h.wait(doc["id"], timeout=0.1, terminal=False)["status"] == "pending"
 
         h.start()
-        began = time.monotonic()
+        began = clock.monotonic()  # expired with no more time passing: not reset
         result = checked(h.wait(doc["id"], timeout=5))
-        took = time.monotonic() - began
+        took = clock.monotonic() - began
         assert result["status"] == "expired"
         assert "nobody decided" in result["reason"]
         assert took < 1.0, f"expired {took:.2f}s after the start: was the deadline reset?"

@@ -19,7 +19,7 @@ from broker import clock
 from broker.audit.checkpoints import audit_log
 from broker.audit.log import event as audit_event
 from broker.audit.log import flush
-from broker.clock import iso, parse_iso
+from broker.clock import REAL, Clock, iso, parse_iso
 from broker.config import Config
 from broker.errors import BrokerError, DecisionError
 from broker.identity import approver_name, same_person
@@ -60,11 +60,13 @@ def decide(
     reason: str | None,
     surface: str,
     sha256: str | None,
+    now: Clock = REAL,
 ) -> Outcome:
     """Record one person's verdict on a pending request; settle it when quorum is met.
 
     `sha256` is what the decider saw (a prefix of at least 12 hex digits is accepted
     from a terminal); None means "the request as recorded", for surfaces that show it.
+    `now` is the clock its deadline is judged on (a test's FakeClock).
     """
     if verdict not in VERDICTS:
         raise DecisionError(f"verdict must be approve or deny, not {verdict!r}")
@@ -75,14 +77,14 @@ def decide(
     approver = approver_name(approver)  # `Alice` and "alice " are one person to a quorum
     with ledger.transaction():
         record = ledger.find(ref)
-        _check_decidable(record, sha256)
+        _check_decidable(record, sha256, now)
         previous = ledger.decisions(*record.key)
         if any(same_person(d.approver, approver) for d in previous):
             raise DecisionError(
                 f"{approver} has already decided on {record.sandbox}/{record.id}; "
                 "a quorum needs different people"
             )
-        stamp = iso(clock.now())
+        stamp = iso(now.now())
         assert stamp is not None
         decision = Decision(
             record.sandbox,
@@ -109,14 +111,14 @@ def decide(
         return _settle(ledger, record, [*previous, decision], stamp)
 
 
-def _check_decidable(record: Record, sha256: str | None) -> None:
+def _check_decidable(record: Record, sha256: str | None, now: Clock) -> None:
     """Refuse a decision on a request that is not waiting, past its deadline, or other
     bytes than the decider saw."""
     where = f"{record.sandbox}/{record.id}"
     if record.state != "pending":
         raise DecisionError(f"{where} is not waiting for a decision (it is {record.state})")
     deadline = parse_iso(record.expires_at)
-    if deadline is not None and deadline <= clock.now():
+    if deadline is not None and deadline <= now.now():
         raise DecisionError(
             f"{where}: its deadline passed at {record.expires_at}; "
             f"it resolves by its on_timeout ({record.on_timeout})"

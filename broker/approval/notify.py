@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
+from broker.clock import REAL, Clock
 from broker.config import Config
 from broker.errors import ConfigError
 from broker.masking import quiet_http_libraries
@@ -139,8 +139,10 @@ class Notifier:
         backoff: float = 0.5,
         transport: httpx.BaseTransport | None = None,
         slack: SlackNotifier | None = None,
+        clock: Clock = REAL,
     ) -> None:
         self.hooks = hooks
+        self.clock = clock  # paces the retries
         self.slack = slack
         self.inbox_url = inbox_url
         self.retries = retries
@@ -212,7 +214,7 @@ class Notifier:
                 self.failed += 1
                 log.warning("notification not delivered (%s) after %d attempt(s)", problem, attempt)
                 return
-            time.sleep(delay)
+            self.clock.sleep(delay)
             delay = min(delay * 2, 30.0)
 
 

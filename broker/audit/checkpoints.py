@@ -26,7 +26,6 @@ import logging
 import logging.handlers
 import os
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any
 
 from broker import clock
 from broker.audit.log import AuditLog, Fault
+from broker.clock import REAL, Clock
 from broker.config import Config
 from broker.errors import ConfigError
 from broker.models import canonical_json
@@ -159,10 +159,11 @@ class Checkpoints:
     """Exports a signed checkpoint every `every` events or `interval_s` seconds (and at a
     stop) to each configured sink; never raises."""
 
-    def __init__(self, settings: AuditSettings) -> None:
+    def __init__(self, settings: AuditSettings, clock: Clock = REAL) -> None:
         self.settings = settings
+        self.clock = clock
         self._last_seq = 0
-        self._last_at = time.monotonic()
+        self._last_at = clock.monotonic()
         self._lock = threading.Lock()
 
     def __call__(self, seq: int, head: str, final: bool) -> None:
@@ -170,14 +171,14 @@ class Checkpoints:
         if key is None or not self.settings.exports or seq <= self._last_seq:
             return
         due = seq - self._last_seq >= self.settings.every
-        due = due or time.monotonic() - self._last_at >= self.settings.interval_s
+        due = due or self.clock.monotonic() - self._last_at >= self.settings.interval_s
         if not (final or due):
             return
-        stamp = clock.iso(clock.now())
+        stamp = clock.iso(self.clock.now())
         assert stamp is not None
         point = signed(key, seq, head, stamp)
         with self._lock:
-            self._last_seq, self._last_at = seq, time.monotonic()
+            self._last_seq, self._last_at = seq, self.clock.monotonic()
             for name, sink in (
                 ("file", self._file),
                 ("syslog", self._syslog),
@@ -237,9 +238,9 @@ class Checkpoints:
             http.post(self.settings.webhook, json=point).raise_for_status()
 
 
-def checkpoints_for(config: Config) -> Checkpoints | None:
+def checkpoints_for(config: Config, clock: Clock = REAL) -> Checkpoints | None:
     settings = audit_settings(config)
-    return Checkpoints(settings) if settings.exports else None
+    return Checkpoints(settings, clock) if settings.exports else None
 
 
 # -- reading them back -------------------------------------------------------------------

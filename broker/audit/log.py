@@ -18,13 +18,13 @@ import hmac
 import json
 import logging
 import os
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from broker.clock import REAL, Clock
 from broker.errors import AuditError
 from broker.models import Record, canonical_json, sha256_hex
 
@@ -227,9 +227,11 @@ class AuditWriter:
         log: AuditLog,
         sync_every_s: float = 1.0,
         checkpoints: Callable[[int, str, bool], None] | None = None,
+        clock: Clock = REAL,
     ) -> None:
         self.ledger = ledger
         self.log = log
+        self.clock = clock
         self.checkpoints = checkpoints  # told of each durable head; exports some of them
         self.sync_every_s = sync_every_s
         self.durable: tuple[int, str] | None = None
@@ -246,10 +248,10 @@ class AuditWriter:
         if backlog:
             self._appended = self.log.append(backlog, sync=False)
             if self._undurable_since is None:
-                self._undurable_since = time.monotonic()
+                self._undurable_since = self.clock.monotonic()
         if self.observers:
             tell(self.observers, [event for _, event in backlog])
-        if time.monotonic() - self._synced_at >= self.sync_every_s:
+        if self.clock.monotonic() - self._synced_at >= self.sync_every_s:
             self.sync()
 
     def sync(self, final: bool = False) -> None:
@@ -259,18 +261,18 @@ class AuditWriter:
             self._synced = self._appended
             self.durable = (self._appended, self.log.head)
             if self.on_sync and self._undurable_since is not None:
-                tell(self.on_sync, time.monotonic() - self._undurable_since)
+                tell(self.on_sync, self.clock.monotonic() - self._undurable_since)
             self._undurable_since = None
             if self.checkpoints is not None:
                 self.checkpoints(self._appended, self.log.head, False)
         if final and self.checkpoints is not None and self._synced:
             self.checkpoints(self._synced, self.log.head, True)
-        self._synced_at = time.monotonic()
+        self._synced_at = self.clock.monotonic()
 
     def undurable_for(self) -> float:
         """How long the oldest line appended but not yet fsynced has waited (0: none)."""
         since = self._undurable_since
-        return 0.0 if since is None else max(0.0, time.monotonic() - since)
+        return 0.0 if since is None else max(0.0, self.clock.monotonic() - since)
 
     def take_durable(self) -> tuple[int, str] | None:
         durable, self.durable = self.durable, None

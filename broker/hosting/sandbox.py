@@ -21,7 +21,6 @@ import os
 import re
 import socket
 import subprocess
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from docker.models.containers import Container
 from docker.models.images import Image
 from docker.types import Mount
 
+from broker.clock import REAL
 from broker.errors import SandboxError
 
 __all__ = [
@@ -227,9 +227,9 @@ def ensure_image(
 
     chosen = _base_image(client, base, log)
     log(f"building {tag} from {chosen}")
-    started = time.monotonic()
+    started = REAL.monotonic()
     _build(client, tag, chosen, digest, force)
-    log(f"built {tag} in {time.monotonic() - started:.1f}s")
+    log(f"built {tag} in {REAL.monotonic() - started:.1f}s")
     if previous is not None and previous.id is not None:
         _remove_if_untagged(client, previous.id)
     return tag

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 from broker.approval.notify import Notifier
+from broker.clock import REAL
 from broker.config import Config
 from broker.errors import BrokerError, StateBusy
 from broker.fleet import qualify
@@ -62,7 +62,7 @@ class Serving:
     def start(self) -> None:
         """Hand the sandbox to the owner, or become the owner; raises what stops both."""
         with self._lock:
-            self._attach(deadline=time.monotonic() + TAKEOVER_S)
+            self._attach(deadline=REAL.monotonic() + TAKEOVER_S)
 
     def finish(self) -> None:
         """The sandbox exited: see what it left processed, then let go."""
@@ -78,7 +78,7 @@ class Serving:
                 client.close()
                 with self._lock:
                     self._client = None
-                    self._attach(time.monotonic() + TAKEOVER_S, client_ok=False)
+                    self._attach(REAL.monotonic() + TAKEOVER_S, client_ok=False)
         self._stop_own()
 
     # -- how ------------------------------------------------------------------------------
@@ -104,9 +104,9 @@ class Serving:
                 self._run_own()
                 return
             except StateBusy:
-                if time.monotonic() >= deadline:
+                if REAL.monotonic() >= deadline:
                     raise
-                time.sleep(0.05)  # the owner is starting or stopping: ask again
+                REAL.sleep(0.05)  # the owner is starting or stopping: ask again
 
     def _run_own(self) -> None:
         broker = Broker(self.config, self.registry, self.policy)
@@ -170,6 +170,6 @@ class Serving:
             self._client = None
             self.say(f"broker: the serving broker went away; serving {self.sandbox_id} here")
             try:
-                self._attach(time.monotonic() + TAKEOVER_S)
+                self._attach(REAL.monotonic() + TAKEOVER_S)
             except BrokerError as exc:
                 log.error("sandbox %s: cannot go on serving it: %s", self.sandbox_id, exc)

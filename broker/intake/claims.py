@@ -15,12 +15,12 @@ import logging
 import os
 import shutil
 import stat
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from broker import attachments
+from broker.clock import REAL, Clock
 from broker.config import Limits
 from broker.errors import Issue, Rejected
 from broker.faults import fault
@@ -157,8 +157,9 @@ class BadNames:
     names one summary line a minute with a count, so a flood of bad names cannot flood
     the log on every rescan."""
 
-    def __init__(self, limit: int = 10_000, every_s: float = 60.0) -> None:
+    def __init__(self, limit: int = 10_000, every_s: float = 60.0, clock: Clock = REAL) -> None:
         self.limit = limit
+        self.clock = clock
         self.every_s = every_s
         self._seen: set[tuple[str, str]] = set()
         self._suppressed = 0
@@ -173,7 +174,7 @@ class BadNames:
             log.warning("sandbox %s: ignoring %r: not a request name", sandbox, name)
             return
         self._suppressed += 1
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if self._told_at is None or now - self._told_at >= self.every_s:
             log.warning(
                 "ignoring %d more files whose names are not request names (each is logged "
@@ -207,11 +208,14 @@ class Read:
 class Claims:
     """Claims and reads what sandboxes wrote into their outboxes."""
 
-    def __init__(self, limits: Limits, validator: Validator, state_dir: Any) -> None:
+    def __init__(
+        self, limits: Limits, validator: Validator, state_dir: Any, clock: Clock = REAL
+    ) -> None:
+        self.clock = clock
         self.limits = limits
         self.validator = validator
         self.state_dir = state_dir
-        self.bad_names = BadNames()
+        self.bad_names = BadNames(clock=clock)
         self._counter = 0
 
     def claim(self, box: Outbox, name: str, kind: Kind = Kind.REQUEST) -> str | None:
@@ -294,7 +298,7 @@ class Claims:
         """Remove attachments whose request did not come within the grace period: each
         is claimed first, so only the file that was judged old is removed."""
         requests = {n.removesuffix(".json") for n in names if n.endswith(".json")}
-        cutoff = time.time() - self.limits.attachment_grace_s
+        cutoff = self.clock.time() - self.limits.attachment_grace_s
         for name in names:
             kind, stem, _ = classify(name)
             if kind is not Kind.ATTACHMENT or stem in requests:
@@ -320,8 +324,9 @@ class Consumed:
     """Claimed files whose request is recorded, removed when the loop is idle: unlinks
     can be slow, and the loop must stay responsive."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = REAL) -> None:
         self._files: deque[tuple[Outbox, str]] = deque()
+        self.clock = clock
 
     def __bool__(self) -> bool:
         return bool(self._files)
@@ -331,8 +336,8 @@ class Consumed:
 
     def purge(self, budget_s: float | None = None) -> None:
         """Remove all of them, or as many as fit in `budget_s`."""
-        end = None if budget_s is None else time.monotonic() + budget_s
-        while self._files and (end is None or time.monotonic() < end):
+        end = None if budget_s is None else self.clock.monotonic() + budget_s
+        while self._files and (end is None or self.clock.monotonic() < end):
             box, name = self._files.popleft()
             if box.claim_fd >= 0:
                 remove(box, name)

@@ -16,13 +16,13 @@ import asyncio
 import json
 import logging
 import os
-import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from broker.clock import REAL
 from broker.config import Config
 from broker.errors import BrokerError
 from broker.hosting import sandbox
@@ -151,12 +151,12 @@ def withdraw(config: Config, paths: sandbox.SandboxPaths, request_id: str) -> No
     sandbox_id = qualify(ledger.host, paths.sandbox_id)
     ref = f"{sandbox_id}/{request_id}"
     try:
-        end = time.monotonic() + RECORD_WAIT_S
+        end = REAL.monotonic() + RECORD_WAIT_S
         while (record := ledger.get(sandbox_id, request_id)) is None:
-            if time.monotonic() >= end:
+            if REAL.monotonic() >= end:
                 _unfile(paths.outbox, request_id)
                 return
-            time.sleep(0.02)  # the broker records a request within milliseconds
+            REAL.sleep(0.02)  # the broker records a request within milliseconds
         if record.state != "pending":
             return  # decided meanwhile: nothing waits, and nothing runs either
         decide_and_wake(

@@ -12,7 +12,6 @@ sessions) and nothing else.
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -21,6 +20,7 @@ import docker
 import docker.errors
 from docker.utils.socket import frames_iter as _frames_iter
 
+from broker.clock import REAL
 from broker.errors import SandboxError
 from broker.hosting import sandbox
 
@@ -105,7 +105,7 @@ for _ in range(100):
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-    time.sleep(0.01)
+    REAL.sleep(0.01)
 """
 
 
@@ -139,7 +139,7 @@ class Container:
             limits=limits,
             env=env,
             workspace=workspace,
-            name=f"broker-{paths.sandbox_id}-{int(time.time() * 1000) % 10**8}",
+            name=f"broker-{paths.sandbox_id}-{int(REAL.time() * 1000) % 10**8}",
         )
 
     @property
@@ -202,7 +202,7 @@ class Container:
             info = self._client.api.exec_inspect(exec_id)
             if not info.get("Running") and info.get("ExitCode") is not None:
                 return int(info["ExitCode"])
-            time.sleep(0.01)
+            REAL.sleep(0.01)
         return -1
 
 

@@ -81,7 +81,7 @@ class Admission:
         """Record `read` and route it; its claimed files go once this commits."""
         box = read.box
         batch.remove.extend((box, name) for name in read.claimed)
-        received = clock.iso(clock.now())
+        received = clock.iso(self.lifecycle.clock.now())
         assert received is not None
         if read.rejected is not None:
             if read.hostile:
@@ -160,7 +160,9 @@ class Admission:
             params,
             reversible=bool(record.reversible),
             protected=protected,
-            history=ledger_history(self.ledger, record.sandbox, record.id, batch.inline),
+            history=ledger_history(
+                self.ledger, record.sandbox, record.id, batch.inline, self.lifecycle.clock
+            ),
         )
         if self.stages:
             self.stages.done(record.key, "policy", began)

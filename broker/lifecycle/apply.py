@@ -4,18 +4,19 @@ one call into a handler's apply, which never raises.
 A sandbox runs at most `per_sandbox` jobs at once; its other jobs wait while other
 sandboxes' go ahead, so one sandbox's slow or hung service delays no other sandbox.
 A job given a deadline that overruns it is abandoned: its slot is freed and a new
-thread takes its place (the hung thread ends when its call returns).
+thread takes its place (the hung thread ends when its call returns). Threads start
+when jobs need them, up to `threads`, and `shutdown` joins them.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from broker.clock import REAL, Clock
 from broker.config import Config
 from broker.context import context_for
 from broker.errors import Outcome
@@ -35,16 +36,24 @@ BROKE = "handler broke on the host"  # in the reason of an apply that raised une
 class Job:
     sandbox: str
     run: Callable[[], None]
-    deadline: float | None = None  # time.monotonic() by which it must have returned
+    deadline: float | None = None  # seconds it may run (on the pool's clock)
     started: float | None = None
     abandoned: bool = field(default=False)
+    thread: threading.Thread | None = None
 
 
 class Workers:
     """Threads that run jobs, round-robin across sandboxes, `per_sandbox` at a time."""
 
-    def __init__(self, threads: int = 4, per_sandbox: int = 2, name: str = "broker-apply") -> None:
+    def __init__(
+        self,
+        threads: int = 4,
+        per_sandbox: int = 2,
+        name: str = "broker-apply",
+        clock: Clock = REAL,
+    ) -> None:
         self._target = threads
+        self.clock = clock
         self._per_sandbox = per_sandbox
         self._name = name
         self._lock = threading.Condition()
@@ -54,10 +63,11 @@ class Workers:
         self._active: set[Job] = set()
         self._threads = 0
         self._abandoned = 0
+        self._queued = 0  # jobs waiting for a thread
+        self._idle = 0  # threads waiting for a job
         self._closing = False
         self._all: list[threading.Thread] = []
-        for _ in range(threads):
-            self._spawn()
+        self._hung: set[threading.Thread] = set()  # abandoned: not waited for
 
     def submit(self, sandbox: str, run: Callable[[], None], deadline_s: float | None = None) -> Job:
         job = Job(sandbox, run, deadline_s)
@@ -68,12 +78,14 @@ class Workers:
             if not queue:
                 self._order.append(sandbox)
             queue.append(job)
+            self._queued += 1
+            self._grow()
             self._lock.notify()
         return job
 
     def overdue(self) -> list[Job]:
         """Give up on running jobs past their deadline; return them."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         late: list[Job] = []
         with self._lock:
             for job in list(self._active):
@@ -83,13 +95,10 @@ class Workers:
                     and now - job.started >= job.deadline
                     and self._abandoned < MAX_ABANDONED
                 ):
-                    job.abandoned = True
-                    self._active.discard(job)
-                    self._running[job.sandbox] -= 1
-                    self._abandoned += 1
+                    self._abandon(job)
                     late.append(job)
-                    self._spawn()
             if late:
+                self._grow()
                 self._lock.notify_all()
         return late
 
@@ -100,22 +109,47 @@ class Workers:
             if self._abandoned >= MAX_ABANDONED:
                 return 3600.0
             due = [
-                j.started + j.deadline - time.monotonic()
+                j.started + j.deadline - self.clock.monotonic()
                 for j in self._active
                 if j.deadline is not None and j.started is not None
             ]
         return max(0.0, min(due)) if due else 3600.0
 
-    def shutdown(self, wait: bool = True) -> None:
-        """Run what is queued, then stop the threads (abandoned ones are not waited for)."""
+    def shutdown(self, wait: bool = True, cancel: bool = False) -> None:
+        """Run what is queued (or, with `cancel`, drop it and give up on running jobs
+        that have a deadline), then stop the threads and join them; abandoned ones are
+        not waited for: they end when their call returns."""
         with self._lock:
             self._closing = True
+            if cancel:
+                self._queues.clear()
+                self._order.clear()
+                self._queued = 0
+                for job in list(self._active):
+                    if job.deadline is not None:
+                        self._abandon(job)
             self._lock.notify_all()
+            threads = [t for t in self._all if t not in self._hung]
         if wait:
-            for thread in list(self._all):
-                thread.join()
+            for thread in threads:
+                if thread is not threading.current_thread():
+                    thread.join()
 
     # -- the threads ------------------------------------------------------------------
+
+    def _abandon(self, job: Job) -> None:
+        """Free a running job's slot; its thread ends when its call returns (lock held)."""
+        job.abandoned = True
+        self._active.discard(job)
+        self._running[job.sandbox] -= 1
+        self._abandoned += 1
+        if job.thread is not None:
+            self._hung.add(job.thread)
+
+    def _grow(self) -> None:
+        """Start a thread if a queued job has none to take it (lock held)."""
+        if self._queued > self._idle and self._threads - self._abandoned < self._target:
+            self._spawn()
 
     def _spawn(self) -> None:
         self._threads += 1
@@ -136,12 +170,18 @@ class Workers:
                         del self._queues[sandbox]
                         self._order.remove(sandbox)
                     self._running[sandbox] = self._running.get(sandbox, 0) + 1
-                    job.started = time.monotonic()
+                    self._queued -= 1
+                    job.started = self.clock.monotonic()
+                    job.thread = threading.current_thread()
                     self._active.add(job)
                     return job
             if self._closing and not self._order:
                 return None
-            self._lock.wait()
+            self._idle += 1
+            try:
+                self._lock.wait()
+            finally:
+                self._idle -= 1
 
     def _work(self) -> None:
         me = threading.current_thread()
@@ -158,6 +198,7 @@ class Workers:
             with self._lock:
                 if job.abandoned:
                     self._abandoned -= 1
+                    self._hung.discard(me)
                     self._all.remove(me)  # a replacement took its place: this one ends
                     self._threads -= 1
                     return

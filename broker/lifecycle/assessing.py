@@ -10,6 +10,7 @@ import logging
 import queue
 from typing import Any
 
+from broker.clock import REAL, Clock
 from broker.config import Config
 from broker.context import Memo, context_for
 from broker.errors import EffectFailed
@@ -38,13 +39,14 @@ class Assessments:
         events: queue.Queue[Event],
         threads: int,
         controls: LiveControls | None = None,
+        clock: Clock = REAL,
     ) -> None:
         self.config = config
         self.registry = registry
         self.policy = policy
         self.controls = controls  # read from the pool's threads: replaced whole, never edited
         self.events = events
-        self._pool = Workers(threads=threads, name="broker-assess")
+        self._pool = Workers(threads=threads, name="broker-assess", clock=clock)
         self._jobs: dict[Key, Job] = {}
 
     def __bool__(self) -> bool:
@@ -97,7 +99,9 @@ class Assessments:
         return back
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=False)  # held requests are assessed again at start
+        """Drop what is queued and join the idle threads: held requests are assessed
+        again at start, and a job still running is given up on (not waited for)."""
+        self._pool.shutdown(wait=True, cancel=True)
 
 
 def assess(

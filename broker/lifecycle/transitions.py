@@ -30,6 +30,7 @@ from typing import Any
 from broker import clock
 from broker import staged as staging
 from broker.audit.log import event as audit_event
+from broker.clock import REAL, Clock
 from broker.errors import IllegalTransition, Outcome
 from broker.models import TERMINAL, Record, State, Verdict
 from broker.store.base import Store
@@ -57,14 +58,16 @@ def _identity(value: Any) -> Any:
 class Lifecycle:
     """The transitions, over one ledger connection; `redact` masks what is written."""
 
-    def __init__(self, ledger: Store, redact: Redact = _identity) -> None:
+    def __init__(self, ledger: Store, redact: Redact = _identity, clock: Clock = REAL) -> None:
         self.ledger = ledger
         self.redact = redact
+        self.clock = clock  # every stamp and deadline it writes
 
     # -- plumbing -----------------------------------------------------------------
 
     def audit(self, kind: str, record: Record, at: str | None = None, **extra: Any) -> None:
-        self.ledger.queue_audit(self.redact(audit_event(kind, record, at, **extra)))
+        stamp = at or clock.iso(self.clock.now())
+        self.ledger.queue_audit(self.redact(audit_event(kind, record, stamp, **extra)))
 
     def _move(self, record: Record, **changes: Any) -> Record:
         """Write `changes` (always a new `state`) as one insert or one update."""
@@ -97,7 +100,7 @@ class Lifecycle:
 
     def reject(self, record: Record, exc: Outcome, rule: str | None = None) -> Record:
         """A protocol or schema violation (invalid), or a policy refusal (denied)."""
-        stamp = clock.iso(clock.now())
+        stamp = clock.iso(self.clock.now())
         issues = [i.to_json() for i in getattr(exc, "issues", ())]
         by = "policy" if rule is not None else None
         told: dict[str, Any] = {}  # a policy denial's verdict and facts (admission.PolicyDenied)
@@ -136,7 +139,7 @@ class Lifecycle:
             state="applying",
             verdict=verdict.to_json(),
             decided_by="policy",
-            decided_at=clock.iso(clock.now()),
+            decided_at=clock.iso(self.clock.now()),
             reason=f"applied automatically ({verdict.rule}): {verdict.reason}",
         )
         self.audit("decided", record, action="auto", rule=verdict.rule, by="policy")
@@ -148,7 +151,7 @@ class Lifecycle:
         on_timeout = verdict.on_timeout
         if on_timeout == "approve" and not record.reversible:
             on_timeout = "deny"  # fail closed: this request cannot be undone
-        expires = clock.now() + timedelta(seconds=verdict.timeout_s)
+        expires = self.clock.now() + timedelta(seconds=verdict.timeout_s)
         record = self._move(
             record,
             state="pending",
@@ -178,7 +181,7 @@ class Lifecycle:
             preview=preview,
             output=staging.output(verdict, preview),
             reason=self.redact(staging.reason(verdict)),
-            completed_at=clock.iso(clock.now()),
+            completed_at=clock.iso(self.clock.now()),
         )
         self.audit("staged", record, action=verdict.action, rule=verdict.rule, reason=record.reason)
         return record
@@ -187,7 +190,7 @@ class Lifecycle:
         """Same idempotency key, same payload: the first request's outcome, not a new apply."""
         record = record.evolve(replay_of=first.id)
         if first.terminal:
-            record = self._move(record, **_copied(first))
+            record = self._move(record, **_copied(first, self.clock))
         else:
             record = self._move(record, state="received")
         self.audit("replayed", record, of=first.id, status=record.state)
@@ -199,7 +202,7 @@ class Lifecycle:
             return []  # only a request with a key can have replays waiting on it
         settled = []
         for replay in self.ledger.replays_of(first):
-            replay = self._move(replay, **_copied(first))
+            replay = self._move(replay, **_copied(first, self.clock))
             self.audit("replayed", replay, of=first.id, status=replay.state)
             settled.append(replay)
         return settled
@@ -229,7 +232,7 @@ class Lifecycle:
 
     def expire(self, record: Record) -> Record:
         """Its deadline passed: applied if on_timeout approves a reversible effect, else expired."""
-        stamp = clock.iso(clock.now())
+        stamp = clock.iso(self.clock.now())
         waited = _human(float((record.verdict or {}).get("timeout_s", 0)))
         if record.on_timeout == "approve" and record.reversible:
             record = self._move(
@@ -262,7 +265,7 @@ class Lifecycle:
     def halt(self, record: Record, reason: str) -> Record:
         """Its effect was disabled (a kill switch) before it was applied: approved by people,
         or due to be applied at its deadline (on_timeout = "approve")."""
-        stamp = clock.iso(clock.now())
+        stamp = clock.iso(self.clock.now())
         record = self._move(record, state="denied", completed_at=stamp, reason=reason)
         self.audit("denied", record, stamp, by="kill switch", reason=reason)
         return record
@@ -292,7 +295,7 @@ class Lifecycle:
             reason=self.redact(reason),
             output=self.redact(output),
             errors=self.redact(issues) or None,
-            completed_at=clock.iso(clock.now()),
+            completed_at=clock.iso(self.clock.now()),
         )
         self.audit(status, record, reason=record.reason)
         return record
@@ -302,7 +305,7 @@ class Lifecycle:
         record = self._move(
             record,
             state="unknown",
-            completed_at=clock.iso(clock.now()),
+            completed_at=clock.iso(self.clock.now()),
             reason=(
                 "unknown: the broker stopped while applying this effect, which is not "
                 "safe to repeat; a person must check whether it happened "
@@ -313,9 +316,9 @@ class Lifecycle:
         return record
 
 
-def _copied(first: Record) -> dict[str, Any]:
+def _copied(first: Record, now: Clock) -> dict[str, Any]:
     """The first request's outcome, on the replay's own clock."""
-    stamp = clock.iso(clock.now())
+    stamp = clock.iso(now.now())
     return {
         "state": first.state,
         "reason": first.reason,

@@ -10,10 +10,9 @@ read again against the wall clock, the only clock that survives one.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
-from datetime import datetime
 
 from broker import clock
+from broker.clock import REAL, Clock
 from broker.models import Record
 
 
@@ -21,38 +20,27 @@ class Deadlines:
     """A heap of (monotonic due time, sandbox, id); a decided request's entry is simply
     found no longer pending when it comes due."""
 
-    def __init__(
-        self,
-        monotonic: Callable[[], float] | None = None,
-        wall: Callable[[], datetime] | None = None,
-    ) -> None:
+    def __init__(self, clock: Clock = REAL) -> None:
         self._heap: list[tuple[float, str, str]] = []
-        self._mono = monotonic
-        self._wallclock = wall
-
-    def _monotonic(self) -> float:
-        return self._mono() if self._mono is not None else clock.monotonic()
-
-    def _wall(self) -> datetime:
-        return self._wallclock() if self._wallclock is not None else clock.now()
+        self.clock = clock
 
     def watch(self, record: Record) -> None:
         due = clock.parse_iso(record.expires_at)
         if due is None:
             return
-        left = (due - self._wall()).total_seconds()
-        heapq.heappush(self._heap, (self._monotonic() + left, record.sandbox, record.id))
+        left = (due - self.clock.now()).total_seconds()
+        heapq.heappush(self._heap, (self.clock.monotonic() + left, record.sandbox, record.id))
 
     def seconds_left(self) -> float:
         """Until the soonest deadline (an hour when none is near)."""
         if not self._heap:
             return 3600.0
-        return max(0.0, self._heap[0][0] - self._monotonic())
+        return max(0.0, self._heap[0][0] - self.clock.monotonic())
 
     def due(self) -> list[tuple[str, str]]:
         """The (sandbox, id) of every request whose deadline has passed."""
         found = []
-        now = self._monotonic()
+        now = self.clock.monotonic()
         while self._heap and self._heap[0][0] <= now:
             _, sandbox, request_id = heapq.heappop(self._heap)
             found.append((sandbox, request_id))

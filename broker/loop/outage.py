@@ -12,11 +12,11 @@ rescan, so every request still gets exactly one committed outcome.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from broker.clock import REAL
 from broker.errors import StoreUnavailable
 from broker.events import Applied, Assessed, Key
 from broker.intake.outbox import Outbox
@@ -43,7 +43,7 @@ class Kept:
 class Outage:
     """The broker's side of a store that went away; the loop asks it every wake-up."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = REAL.monotonic) -> None:
         self._clock = clock
         self.kept: Kept | None = None
         self._since = 0.0

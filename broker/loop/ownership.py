@@ -24,13 +24,13 @@ import os
 import queue
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from broker import clock
+from broker.clock import REAL
 from broker.errors import BrokerError, LeaseLost, StateBusy
 from broker.events import Control, Event
 from broker.store.base import Lease
@@ -339,11 +339,11 @@ def connect(
     """A client of the state dir's owner, or None when no owner listens. `on_gone` is
     called (on the reading thread) if the owner closes the connection first. An owner
     that holds the lock but is still starting gets `wait_s` to open its socket."""
-    end = time.monotonic() + wait_s
+    end = REAL.monotonic() + wait_s
     while True:
         try:
             return ControlClient(state_dir, on_pending, on_gone)
         except (FileNotFoundError, ConnectionRefusedError):
-            if not served(state_dir) or time.monotonic() >= end:
+            if not served(state_dir) or REAL.monotonic() >= end:
                 return None
-            time.sleep(0.02)
+            REAL.sleep(0.02)

@@ -15,12 +15,12 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from broker.approval.notify import Notifier
 from broker.audit.checkpoints import audit_log, checkpoints_for
+from broker.clock import REAL, Clock
 from broker.config import Config
 from broker.errors import LeaseLost, LedgerError, StoreUnavailable
 from broker.events import (
@@ -74,22 +74,26 @@ class Broker:
         *,
         ledger: Store | None = None,
         workers: int = 4,
+        clock: Clock = REAL,
     ) -> None:
         config.staged.check(registry.names())  # before anything opens: one clear error
         self.config = config
+        self.clock = clock  # the loop's and every stage's (a test's FakeClock)
         self.registry = registry
         self.policy = policy
         self.ledger = ledger or open_store(config, owner=True)
         self.redact = Redactor(config.secret_values())
         mask_logs(self.redact.secrets)  # and in every log line this process writes
-        self.lifecycle = Lifecycle(self.ledger, self.redact)
+        self.lifecycle = Lifecycle(self.ledger, self.redact, clock)
         # each effect's compiled when first seen; every name for "did you mean"
         validator = Validator(registry.schema, names=registry.names)
-        self.claims = intake.Claims(config.limits, validator, config.state_dir)
+        self.claims = intake.Claims(config.limits, validator, config.state_dir, clock)
         self.admission = Admission(config, registry, policy, validator, self.lifecycle)
         self.started = StartMarks(config.state_dir / "started")
         self.stages = Stages(self.ledger, self.lifecycle, self.claims, self.admission, self.apply)
-        self.audit = self.ledger.audit_sink(audit_log(config), checkpoints_for(config))
+        self.audit = self.ledger.audit_sink(
+            audit_log(config), checkpoints_for(config, clock), clock
+        )
         # published into each results dir; what the handlers declare is kept in the state
         # dir, so a start imports only the handlers it uses
         self.catalogue = catalogue.render(registry, policy, config.state_dir / "effects.cache")
@@ -101,25 +105,26 @@ class Broker:
         self.answers = Answers(self.served)
         self.events: queue.Queue[Event] = queue.Queue()
         self.backlog = Backlog()
-        self._workers = Workers(threads=workers)
+        self._workers = Workers(threads=workers, clock=clock)
         self.assessments = Assessments(
-            config, registry, policy, self.events, workers, self.admission.controls
+            config, registry, policy, self.events, workers, self.admission.controls, clock
         )
         self._in_flight: set[tuple[str, str]] = set()
-        self.deadlines = Deadlines()
-        self.consumed = intake.Consumed()
+        self.deadlines = Deadlines(clock)
+        self.consumed = intake.Consumed(clock)
         self.on_change = self.answers.observers
         self.on_rescan: list[Callable[[str], None]] = []  # "rescan", "restart": for metrics
         self.notifier: Notifier | None = None
         self.command = "broker serve"  # what the state lock says owns the state dir
         # with a shared store, also this host's lease in it
         self.lock = StateLock(config.state_dir, self.ledger.lease(str(config.state_dir)))
-        self.outage = Outage()
+        self.outage = Outage(clock.monotonic)
         self._listener: Listener | None = None
         self.handover = Handover(self.served, config.sandboxes_dir)
         self.on_change.append(self.handover.tell)
         self._control_server: ControlServer | None = None
         self._closing = False
+        clock.on_advance(self.wake)  # time moved on: look at the deadlines now
 
     @property
     def outboxes(self) -> dict[str, Outbox]:
@@ -168,12 +173,12 @@ class Broker:
         self.events.put(Rescan())
         if ready:
             ready()
-        next_rescan = time.monotonic() + self.config.rescan_interval_s
+        next_rescan = self.clock.monotonic() + self.config.rescan_interval_s
         try:
             while not stop.is_set():
                 timeout = min(
                     0.05 if self.consumed else 0.5,  # idle moments purge consumed files
-                    max(0.0, next_rescan - time.monotonic()),
+                    max(0.0, next_rescan - self.clock.monotonic()),
                     self.deadlines.seconds_left(),
                     self.assessments.seconds_left(),
                 )
@@ -187,11 +192,11 @@ class Broker:
                 if not items:
                     self.audit.sync()  # idle: make the audit log durable now
                     self.consumed.purge(PURGE_BUDGET_S)
-                if time.monotonic() >= next_rescan:
+                if self.clock.monotonic() >= next_rescan:
                     items.append(Rescan())
-                    next_rescan = time.monotonic() + self.config.rescan_interval_s
+                    next_rescan = self.clock.monotonic() + self.config.rescan_interval_s
                 self.step(items)
-                self.handover.releases(self._busy, time.monotonic())
+                self.handover.releases(self._busy, self.clock.monotonic())
             if drain:
                 self.drain()
         finally:
@@ -199,9 +204,9 @@ class Broker:
 
     def drain(self, timeout: float = 30.0) -> None:
         """Process what is in the outboxes and wait for applies in flight."""
-        end = time.monotonic() + timeout
+        end = REAL.monotonic() + timeout  # real time: it waits for real work to end
         self.rescan()
-        while time.monotonic() < end:
+        while REAL.monotonic() < end:
             items = self._take(0.05)
             items.extend(self._overdue())
             self.step(items)
@@ -336,7 +341,9 @@ class Broker:
     def _commit(self, work: Kept, reload: bool, batch: Batch) -> None:
         """The wake-up's one transaction (group commit)."""
         with self.ledger.transaction():
-            if reload:  # a kill switch or an accepted rule holds from this request on
+            # a kill switch or an accepted rule holds from this request on; a deadline
+            # is judged on the switches committed, not on whether their nudge came yet
+            if reload or work.due:
                 self.admission.controls.refresh()
             work.written = self._mark_synced()
             self.ledger.prefetch(  # the rows this wake-up reads, at once (a shared store)
@@ -445,7 +452,7 @@ class Broker:
             for name in box.names():
                 self.events.put(FileSeen(str(box.outbox), name))
 
-        self.handover.control(item, time.monotonic(), rescan)
+        self.handover.control(item, self.clock.monotonic(), rescan)
 
     def _busy(self, sandbox: str) -> bool:
         """Whether a sandbox still has files to read or work in flight."""

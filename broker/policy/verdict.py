@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from broker.clock import REAL, Clock
 from broker.models import Record, Verdict
 from broker.policy.controls import LiveControls
 from broker.policy.history import NO_HISTORY, History, past_of
@@ -39,7 +40,11 @@ def decide(
 
 
 def ledger_history(
-    ledger: Store, sandbox: str, exclude_id: str, unwritten: Sequence[Record] = ()
+    ledger: Store,
+    sandbox: str,
+    exclude_id: str,
+    unwritten: Sequence[Record] = (),
+    clock: Clock = REAL,
 ) -> History:
     """The sandbox's earlier requests as the ledger holds them now (read on first use),
     with those of the same wake-up whose rows are written later (`unwritten`: inline
@@ -51,4 +56,4 @@ def ledger_history(
         later = [r for r in unwritten if r.sandbox == sandbox and r.id not in known]
         return past_of([*stored, *later])
 
-    return History(load)
+    return History(load, clock.time())  # rate windows end now, on `clock`

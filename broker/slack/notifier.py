@@ -13,13 +13,12 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
 
-from broker.clock import parse_iso
+from broker.clock import REAL, Clock, parse_iso
 from broker.errors import BrokerError
 from broker.slack import messages
 from broker.slack.api import Busy, SlackApi
@@ -27,18 +26,17 @@ from broker.slack.settings import SlackSettings
 from broker.slack.store import Posted, SlackStore
 
 log = logging.getLogger("broker.slack")
-Clock = Callable[[], float]
 IDLE_S = 60.0  # look at the reminders at least this often
 
 
 class SlackNotifier:
-    """Delivers to Slack on its own thread; `clock` (epoch seconds) decides reminders."""
+    """Delivers to Slack on its own thread; `clock` decides reminders and paces retries."""
 
     def __init__(
         self,
         settings: SlackSettings,
         *,
-        clock: Clock = time.time,
+        clock: Clock = REAL,
         retries: int = 3,
         backoff: float = 0.5,
         transport: httpx.BaseTransport | None = None,
@@ -98,7 +96,7 @@ class SlackNotifier:
         due = self.store.next_reminder()
         if due is None:
             return IDLE_S
-        return min(IDLE_S, max(0.05, due - self.clock()))
+        return min(IDLE_S, max(0.05, due - self.clock.time()))
 
     def _post(self, card: dict[str, Any]) -> None:
         known = self.store.get(card["sandbox"], card["id"])
@@ -114,7 +112,7 @@ class SlackNotifier:
         remind_at = None
         if expires_at is not None and self.settings.remind_before_s is not None:
             remind_at = expires_at - self.settings.remind_before_s
-            if remind_at <= self.clock():
+            if remind_at <= self.clock.time():
                 remind_at = None  # the whole wait is shorter than the reminder's lead
         self.store.remember(
             Posted(
@@ -142,7 +140,7 @@ class SlackNotifier:
             self.store.mark(posted, settled=True)
 
     def _remind(self) -> None:
-        for posted in self.store.due(self.clock()):
+        for posted in self.store.due(self.clock.time()):
             text = messages.reminder(posted.ref, posted.expires_at, posted.on_timeout)
             body = {
                 "channel": posted.channel,
@@ -164,7 +162,7 @@ class SlackNotifier:
                     self.failed += 1
                     log.warning("%s after %d attempt(s); not delivered", exc, attempt)
                     return None
-                time.sleep(delay)
+                self.clock.sleep(delay)
                 delay = min(delay * 2, 30.0)
                 continue
             self.delivered += 1

@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from broker import clock
 from broker.audit.log import AuditLog, tell
+from broker.clock import REAL, Clock
 from broker.errors import AuditError, LedgerError
 
 log = logging.getLogger("broker.audit.log")
@@ -45,8 +45,10 @@ class AuditCopy:
         audit_log: AuditLog,
         sync_every_s: float = 1.0,
         checkpoints: Callable[[int, str, bool], None] | None = None,
+        clock: Clock = REAL,
     ) -> None:
         self.store = store
+        self.clock = clock
         self.log = self._checked(audit_log)
         self.sync_every_s = sync_every_s
         self.checkpoints = checkpoints  # told of each durable head of the copy
@@ -64,7 +66,7 @@ class AuditCopy:
         if line is not None and json.loads(line).get("hash") == audit_log.head:
             return audit_log
         aside = audit_log.path.with_name(
-            f"{audit_log.path.name}.before-{clock.iso(clock.now())}".replace(":", "")
+            f"{audit_log.path.name}.before-{clock.iso(self.clock.now())}".replace(":", "")
         )
         os.replace(audit_log.path, aside)
         log.warning(
@@ -83,11 +85,11 @@ class AuditCopy:
             if lines:
                 self.log.append_lines(lines, sync=False)
                 if self._dirty_since is None:
-                    self._dirty_since = time.monotonic()
+                    self._dirty_since = self.clock.monotonic()
                 if self.observers:
                     events = [json.loads(line) for _, line in lines]
                     tell(self.observers, [_event(e) for e in events])
-            if time.monotonic() - self._synced_at >= self.sync_every_s:
+            if self.clock.monotonic() - self._synced_at >= self.sync_every_s:
                 self.sync()
             self._failing = False
         except (AuditError, LedgerError, OSError) as exc:
@@ -98,17 +100,17 @@ class AuditCopy:
     def sync(self, final: bool = False) -> None:
         if self._dirty_since is not None:
             self.log.sync()
-            tell(self.on_sync, time.monotonic() - self._dirty_since)
+            tell(self.on_sync, self.clock.monotonic() - self._dirty_since)
             self._dirty_since = None
             if self.checkpoints is not None:
                 self.checkpoints(self.log.last_seq, self.log.head, False)
         if final and self.checkpoints is not None and self.log.last_seq:
             self.checkpoints(self.log.last_seq, self.log.head, True)
-        self._synced_at = time.monotonic()
+        self._synced_at = self.clock.monotonic()
 
     def undurable_for(self) -> float:
         since = self._dirty_since
-        return 0.0 if since is None else max(0.0, time.monotonic() - since)
+        return 0.0 if since is None else max(0.0, self.clock.monotonic() - since)
 
     def take_durable(self) -> tuple[int, str] | None:
         return None

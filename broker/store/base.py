@@ -222,9 +222,10 @@ class Store(Protocol):
 
     def audit_head(self) -> tuple[int, str] | None: ...
 
-    def audit_sink(self, log: Any, checkpoints: Any = None) -> AuditSink:
+    def audit_sink(self, log: Any, checkpoints: Any = None, clock: Any = None) -> AuditSink:
         """What carries committed audit events into `log` (an audit.AuditLog: audit
-        imports us) for a serving broker, telling `checkpoints` of each durable head."""
+        imports us) for a serving broker, telling `checkpoints` of each durable head;
+        `clock` (a broker.clock.Clock, the real one if None) times its fsyncs."""
 
     # -- the fleet (a shared store; the embedded one has none of it) ---------------
 

@@ -19,6 +19,7 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from broker.errors import StateBusy
+from broker.store.pg_session import hold, let_go
 
 log = logging.getLogger("broker.lease")
 TTL_S = 15.0
@@ -76,6 +77,7 @@ class PgLease:
         with self._pool.connection() as conn:
             if conn.execute(_CLAIM, args).fetchone() is None:
                 raise StateBusy(self._refusal(conn))
+        hold(self._pool)  # open until given back, whenever the store closes
         self._fence(self.token)
         self._thread = threading.Thread(target=self._renew, name="broker-lease", daemon=True)
         self._thread.start()
@@ -113,8 +115,10 @@ class PgLease:
 
     def release(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(RENEW_EVERY_S + 1)
+        if self._thread is None:
+            return  # never acquired
+        self._thread.join(RENEW_EVERY_S + 1)
+        self._thread = None
         self._fence(None)
         try:
             with self._pool.connection(timeout=2) as conn:
@@ -123,3 +127,4 @@ class PgLease:
                 )
         except (psycopg.Error, PoolTimeout):
             pass  # it expires by itself
+        let_go(self._pool)

@@ -32,16 +32,21 @@ from broker.store.pg_schema import error
 
 CONNECT_TIMEOUT_S = 5.0
 Statement = tuple[str, tuple[Any, ...] | None]
-_pools: dict[tuple[str, str | None], ConnectionPool[psycopg.Connection[Any]]] = {}
+Pool = ConnectionPool[psycopg.Connection[Any]]
+_pools: dict[tuple[str, str | None], Pool] = {}
+_users: dict[int, int] = {}  # by id(pool): the stores and leases that hold it open
 _pools_lock = threading.Lock()
 
 
-def pool(url: str, password: str | None) -> ConnectionPool[psycopg.Connection[Any]]:
-    """The process's pool for `url`, opened (and the schema made) on first use."""
+def pool(url: str, password: str | None, user: bool = False) -> Pool:
+    """The process's pool for `url`, opened (and the schema made) on first use; a `user`
+    keeps it open until it lets go (`let_go`)."""
     key = (url, password)
     with _pools_lock:
         found = _pools.get(key)
         if found is not None:
+            if user:
+                _users[id(found)] = _users.get(id(found), 0) + 1
             return found
         kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": int(CONNECT_TIMEOUT_S)}
         if password is not None:
@@ -60,7 +65,30 @@ def pool(url: str, password: str | None) -> ConnectionPool[psycopg.Connection[An
             made.close()
             raise unreachable(url, password) from exc
         _pools[key] = made
+        if user:
+            _users[id(made)] = 1
         return made
+
+
+def hold(pool: Pool) -> Pool:
+    """Count one more user of `pool`: it stays open until the last one lets go."""
+    with _pools_lock:
+        _users[id(pool)] = _users.get(id(pool), 0) + 1
+    return pool
+
+
+def let_go(pool: Pool) -> None:
+    """One user is done with `pool`; the last closes it and joins its threads."""
+    with _pools_lock:
+        left = _users.get(id(pool), 0) - 1
+        if left > 0:
+            _users[id(pool)] = left
+            return
+        _users.pop(id(pool), None)
+        for key, found in list(_pools.items()):
+            if found is pool:
+                del _pools[key]
+    pool.close()
 
 
 def unreachable(url: str, password: str | None) -> LedgerError:
@@ -78,12 +106,19 @@ class Session:
     def __init__(self, url: str, password: str | None) -> None:
         self.url = url
         self._password = password
-        self._pool = pool(url, password)
+        self._pool = pool(url, password, user=True)
+        self._held = True
         self._conn: psycopg.Connection[Any] | None = None
         self._depth = 0
         self._queued: list[Statement] = []
         self._saved = 0
         self._careful = False
+
+    def close(self) -> None:
+        """Let go of the process's pool (closed, its threads joined, with its last user)."""
+        if self._held:
+            self._held = False
+            let_go(self._pool)
 
     # -- transactions ---------------------------------------------------------------
 

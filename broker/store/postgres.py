@@ -86,7 +86,8 @@ class PostgresStore(Controls, Session):
         self._seqs: list[int] = []  # reserved request seqs, used in order
 
     def close(self) -> None:
-        """Nothing of its own to close: connections go back to the process's pool."""
+        """Connections go back to the process's pool; the last store closes it."""
+        super().close()
 
     def ping(self) -> bool:
         try:
@@ -391,10 +392,11 @@ class PostgresStore(Controls, Session):
         rows = self.execute("SELECT seq, hash FROM audit_heads WHERE host = %s", (self.host,))
         return (int(rows[0]["seq"]), str(rows[0]["hash"])) if rows else None
 
-    def audit_sink(self, log: Any, checkpoints: Any = None) -> AuditSink:
+    def audit_sink(self, log: Any, checkpoints: Any = None, clock: Any = None) -> AuditSink:
+        from broker.clock import REAL
         from broker.store.audit_copy import AuditCopy
 
-        return AuditCopy(self, log, checkpoints=checkpoints)
+        return AuditCopy(self, log, checkpoints=checkpoints, clock=clock or REAL)
 
     def audit_chains(self) -> dict[str, tuple[int, str]]:
         rows = self.execute("SELECT host, seq, hash FROM audit_heads ORDER BY host")

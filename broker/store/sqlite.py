@@ -352,10 +352,11 @@ class SQLiteStore:
         seq, head = codec.loads(row[0])
         return int(seq), str(head)
 
-    def audit_sink(self, log: Any, checkpoints: Any = None) -> AuditSink:
+    def audit_sink(self, log: Any, checkpoints: Any = None, clock: Any = None) -> AuditSink:
         from broker.audit.log import AuditWriter
+        from broker.clock import REAL
 
-        return AuditWriter(self, log, checkpoints=checkpoints)
+        return AuditWriter(self, log, checkpoints=checkpoints, clock=clock or REAL)
 
     # -- controls -------------------------------------------------------------------
 

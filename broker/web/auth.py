@@ -19,11 +19,11 @@ import hmac
 import re
 import secrets
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from broker.clock import REAL, Clock
 from broker.errors import ConfigError, DecisionError
 from broker.identity import approver_name
 
@@ -127,16 +127,17 @@ class Identity:
 class Sessions:
     """Browser sessions in memory: a broker restart signs everyone out."""
 
-    def __init__(self, ttl_s: float) -> None:
+    def __init__(self, ttl_s: float, clock: Clock = REAL) -> None:
         self.ttl_s = ttl_s
+        self.clock = clock
         self._by_id: dict[str, Session] = {}
         self._lock = threading.Lock()
 
     def open(self, approver: str) -> tuple[str, Session]:
         sid = secrets.token_urlsafe(32)
-        session = Session(approver, secrets.token_urlsafe(32), time.monotonic() + self.ttl_s)
+        session = Session(approver, secrets.token_urlsafe(32), self.clock.monotonic() + self.ttl_s)
         with self._lock:
-            moment = time.monotonic()
+            moment = self.clock.monotonic()
             for old in [k for k, s in self._by_id.items() if s.expires <= moment]:
                 del self._by_id[old]
             while len(self._by_id) >= MAX_SESSIONS:
@@ -147,7 +148,7 @@ class Sessions:
     def get(self, sid: str) -> Session | None:
         with self._lock:
             session = self._by_id.get(sid)
-            if session is not None and session.expires <= time.monotonic():
+            if session is not None and session.expires <= self.clock.monotonic():
                 del self._by_id[sid]
                 return None
             return session

@@ -14,13 +14,13 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-import time
 from typing import TYPE_CHECKING
 
 import uvicorn
 from starlette.types import ASGIApp
 
 from broker.addresses import check_listen, parse_listen
+from broker.clock import REAL
 from broker.config import Config
 from broker.errors import ConfigError
 from broker.registry import Registry
@@ -76,9 +76,9 @@ class WebServer:
             target=server.run, kwargs={"sockets": [sock]}, name="broker-web", daemon=True
         )
         self._thread.start()
-        deadline = time.monotonic() + 10
-        while not server.started and self._thread.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        deadline = REAL.monotonic() + 10
+        while not server.started and self._thread.is_alive() and REAL.monotonic() < deadline:
+            REAL.sleep(0.01)
         if not server.started:
             self.stop()
             raise ConfigError(f"the web inbox did not start on {host}:{self.port}; see the log")

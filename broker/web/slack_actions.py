@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import time
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -23,6 +22,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from broker.clock import REAL, Clock
 from broker.errors import BrokerError, RequestNotFound
 from broker.slack import messages
 from broker.slack.api import SlackApi
@@ -43,8 +43,9 @@ class Unusable(Exception):
 class SlackCallback:
     """Turns Slack's signed callbacks into decisions, as the mapped approver."""
 
-    def __init__(self, settings: SlackSettings, inbox: Inbox) -> None:
+    def __init__(self, settings: SlackSettings, inbox: Inbox, clock: Clock = REAL) -> None:
         self.settings = settings
+        self.clock = clock  # a signature's age, a replay's window
         self.inbox = inbox
         self.store = SlackStore(settings.store_path)
         self.api = SlackApi(settings, timeout=2.5)  # Slack waits three seconds for us
@@ -54,7 +55,7 @@ class SlackCallback:
         self.store.close()
 
     def handle(self, body: bytes, timestamp: str | None, signature: str | None) -> Response:
-        now = time.time()
+        now = self.clock.time()
         try:
             verify(self.settings.signing_secret, timestamp, signature, body, now)
         except Unsigned as exc:

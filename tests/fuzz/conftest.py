@@ -11,28 +11,24 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Mapping
-from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from broker import clock as broker_clock
 from broker.approval import decisions as approval
 from broker.audit.log import AuditLog, flush
 from broker.config import Config, Limits
 from broker.events import Rescan
 from broker.intake.outbox import attach
 from broker.loop.pipeline import Broker
-from broker.models import now as real_now
 from broker.policy.ruleset import parse_policy
 from broker.registry import Registry
 from broker.store.sqlite import Ledger
-from broker.testing import FakeHandler
+from broker.testing import FakeClock, FakeHandler
 from tests.crash.support import read_results, soak
 
 GATED = {
@@ -63,20 +59,6 @@ def examples(default: int, long: int) -> int:
     return long if soak() else default
 
 
-class Clock:
-    """The pipeline's clocks, both moved forward by the test: time passing, which moves
-    the wall clock (`now`, what is stored) and the monotonic one (deadlines) alike."""
-
-    def __init__(self) -> None:
-        self.offset = timedelta()
-
-    def __call__(self) -> datetime:
-        return real_now() + self.offset
-
-    def monotonic(self) -> float:
-        return time.monotonic() + self.offset.total_seconds()
-
-
 class ErrorLog(logging.Handler):
     """Keeps every ERROR the broker logs (a swallowed exception is a failure)."""
 
@@ -91,7 +73,9 @@ class ErrorLog(logging.Handler):
 class Driver:
     """A real Broker on an attach-mode outbox, stepped synchronously."""
 
-    def __init__(self, base: Path, limits: Limits | None = None) -> None:
+    def __init__(
+        self, base: Path, limits: Limits | None = None, clock: FakeClock | None = None
+    ) -> None:
         self.base = base
         self.outbox, self.results, self.state = base / "outbox", base / "results", base / "state"
         for d in (self.outbox, self.results, self.state):
@@ -105,13 +89,13 @@ class Driver:
             state_dir=self.state, limits=limits or Limits(), rescan_interval_s=3600.0
         )
         self.policy = parse_policy(GATED, self.registry.reversibility(), "fuzz")
-        self.clock = Clock()
+        self.clock = clock or FakeClock()  # the broker's: time passes when the test says
         self.errors = ErrorLog()
         self.broker: Broker | None = None
         self.answers: Counter[str] = Counter()
 
     def open(self) -> Driver:
-        self.broker = Broker(self.config, self.registry, self.policy, workers=2)
+        self.broker = Broker(self.config, self.registry, self.policy, workers=2, clock=self.clock)
         self.broker.add(attach("default", self.outbox, self.results, self.state))
         self.broker.recover()
         return self
@@ -148,6 +132,7 @@ class Driver:
                 reason="the model said so",
                 surface="cli",
                 sha256=None,
+                now=self.clock,
             )
             flush(ledger, AuditLog(self.config.audit_path))
         finally:
@@ -158,13 +143,10 @@ class Driver:
 
 
 @pytest.fixture
-def patched_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[Clock]:
-    """Route the broker's `now` (the pipeline's deadlines, approvals) through a clock
-    the test moves."""
-    clock = Clock()
-    monkeypatch.setattr(broker_clock, "now", clock)
-    monkeypatch.setattr(broker_clock, "monotonic", clock.monotonic)
-    yield clock
+def patched_clock() -> FakeClock:
+    """The clock the test's brokers run on (deadlines, approvals, what is stored): time
+    passing moves its wall and its monotonic clock alike."""
+    return FakeClock()
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,9 @@ from hypothesis.stateful import (
 )
 
 from broker.models import TERMINAL
+from broker.testing import FakeClock
 from tests.crash.support import schema_problems
-from tests.fuzz.conftest import FIGURES, Clock, Driver, envelope, examples
+from tests.fuzz.conftest import FIGURES, Driver, envelope, examples
 
 STEPS: Counter[str] = Counter()
 INVALID = [
@@ -41,9 +42,9 @@ INVALID = [
 class RequestLife(RuleBasedStateMachine):
     """One broker's life; `expected` is the model: request id → status it must show."""
 
-    def __init__(self, base: Path, clock: Clock) -> None:
+    def __init__(self, base: Path, clock: FakeClock) -> None:
         super().__init__()
-        self.driver = Driver(base / uuid.uuid4().hex).open()
+        self.driver = Driver(base / uuid.uuid4().hex, clock=clock).open()
         logging.getLogger("broker").addHandler(self.driver.errors)
         self.clock = clock
         self.expected: dict[str, str | None] = {}
@@ -133,7 +134,7 @@ class RequestLife(RuleBasedStateMachine):
     @rule()
     def let_deadlines_pass(self) -> None:
         STEPS["deadline jumps"] += 1
-        self.clock.offset += timedelta(hours=2)
+        self.clock.advance(timedelta(hours=2).total_seconds())
         self.driver.settle()
         self._mark(self._pending(), "expired")
 
@@ -172,7 +173,7 @@ class RequestLife(RuleBasedStateMachine):
         self.driver.close()
 
 
-def test_request_state_machine_matches_its_model(tmp_path: Path, patched_clock: Clock) -> None:
+def test_request_state_machine_matches_its_model(tmp_path: Path, patched_clock: FakeClock) -> None:
     """Any mix of submissions, decisions, deadlines and restarts ends as the model says."""
     run_state_machine_as_test(
         lambda: RequestLife(tmp_path, patched_clock),

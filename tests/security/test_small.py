@@ -16,7 +16,7 @@ from broker.config import Config
 from broker.loop.deadlines import Deadlines
 from broker.models import Record
 from broker.registry import Registry
-from broker.testing import BrokerHarness, make_context
+from broker.testing import BrokerHarness, FakeClock, make_context
 from broker.untrusted import neutralize
 from broker.web.server import start_web
 from effects.files import FilesWrite
@@ -49,21 +49,6 @@ def test_blank_and_ignorable_characters_are_shown(char: str) -> None:
     assert f"{ord(char):02X}" in shown.upper()
 
 
-class Clocks:
-    """A wall clock that a test can step (as NTP or a person would) and a monotonic one
-    that only moves forward: both fakes, since the machine's clocks cannot be stepped."""
-
-    def __init__(self) -> None:
-        self.wall_now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-        self.mono = 1000.0
-
-    def wall(self) -> datetime:
-        return self.wall_now
-
-    def monotonic(self) -> float:
-        return self.mono
-
-
 def pending(expires: datetime) -> Record:
     return Record(
         sandbox="s", id="r", name="r", state="pending", received_at="", expires_at=iso(expires)
@@ -73,14 +58,14 @@ def pending(expires: datetime) -> Record:
 def test_deadlines_do_not_follow_a_wall_clock_step() -> None:
     """An hour's deadline: a wall-clock step of two hours forward moves nothing; the
     request is due when an hour has passed on the monotonic clock, not before."""
-    clocks = Clocks()
-    deadlines = Deadlines(monotonic=clocks.monotonic, wall=clocks.wall)
-    deadlines.watch(pending(clocks.wall_now + timedelta(hours=1)))
-    clocks.wall_now += timedelta(hours=2)
+    clock = FakeClock(datetime(2026, 12, 1, 12, 0, tzinfo=UTC))
+    deadlines = Deadlines(clock)
+    deadlines.watch(pending(clock.now() + timedelta(hours=1)))
+    clock.step_wall(timedelta(hours=2))
     assert deadlines.due() == []
     assert deadlines.seconds_left() == pytest.approx(3600.0)
-    clocks.wall_now -= timedelta(days=1)  # a step back does not make it wait longer
-    clocks.mono += 3600.0
+    clock.step_wall(-timedelta(days=1))  # a step back does not make it wait longer
+    clock.advance(3600.0)
     assert deadlines.due() == [("s", "r")]
 
 

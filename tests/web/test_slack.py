@@ -28,7 +28,7 @@ from broker.slack.notifier import SlackNotifier
 from broker.slack.settings import SlackSettings, slack_settings
 from broker.slack.signing import signature
 from broker.store.sqlite import Ledger
-from broker.testing import BrokerHarness, FakeHandler
+from broker.testing import BrokerHarness, FakeClock, FakeHandler
 from broker.web.app import create_app
 from broker.web.auth import hash_token
 from broker.web.server import WebServer
@@ -573,18 +573,8 @@ def test_the_callback_is_absent_without_slack(
 # -- reminders ------------------------------------------------------------------------------
 
 
-class Clock:
-    """A clock the test moves: reminders depend on it, not on waiting."""
-
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def waiting_card(request_id: str, expires_in: float, clock: Clock) -> dict[str, Any]:
-    expires = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(clock.now + expires_in))
+def waiting_card(request_id: str, expires_in: float, clock: FakeClock) -> dict[str, Any]:
+    expires = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(clock.time() + expires_in))
     return {
         "sandbox": "default",
         "id": request_id,
@@ -624,13 +614,13 @@ def settings_for(slack: FakeSlack, tmp_path: Path) -> SlackSettings:
 def test_a_reminder_goes_out_once_before_the_deadline(slack: FakeSlack, tmp_path: Path) -> None:
     """An hour's wait with remind_before 15m: nothing at 40 minutes, one threaded reminder
     at 46, none again; a request settled in time gets no reminder."""
-    clock = Clock()
+    clock = FakeClock()  # reminders depend on it, not on waiting
     notifier = SlackNotifier(settings_for(slack, tmp_path), clock=clock, backoff=0.01)
     try:
         notifier.pending(waiting_card("late", 3600, clock))
         notifier.pending(waiting_card("done", 3600, clock))
         slack.wait("chat.postMessage", 2)
-        clock.now += 40 * 60
+        clock.advance(40 * 60)
         notifier.wake()
         settled = {
             **waiting_card("done", 3600, clock),
@@ -640,7 +630,7 @@ def test_a_reminder_goes_out_once_before_the_deadline(slack: FakeSlack, tmp_path
         notifier.settled(settled)
         slack.wait("chat.update")
         assert len(slack.api("chat.postMessage")) == 2
-        clock.now += 6 * 60
+        clock.advance(6 * 60)
         notifier.wake()
         posts = slack.wait("chat.postMessage", 3)
         reminder = posts[2]["body"]
@@ -648,7 +638,7 @@ def test_a_reminder_goes_out_once_before_the_deadline(slack: FakeSlack, tmp_path
         assert reminder["reply_broadcast"] is True
         assert "default/late" in reminder["text"] and "denied (fails closed)" in reminder["text"]
         notifier.wake()
-        clock.now += 60
+        clock.advance(60)
         notifier.wake()
         notifier.pending(waiting_card("late", 3600, clock))  # a restart's second notice
     finally:
