@@ -2,7 +2,9 @@
 
 `pg_server` (session) is one real PostgreSQL started by tests/pgserver.py; each test
 gets a database of its own. Where PostgreSQL's binaries are missing the PostgreSQL
-variants skip and say why, except in CI, where they fail.
+variants skip and say why, except in CI, where they fail. SQLite connections return
+the rows of a query without ORDER BY in reverse (`PRAGMA reverse_unordered_selects`),
+so an order a caller relies on but no statement asks for fails here, not by chance.
 """
 
 from __future__ import annotations
@@ -51,7 +53,13 @@ def opener(backend: str, tmp_path: Path, pg_url: Callable[[], str]) -> OpenStore
         from broker.store.sqlite import SQLiteStore
 
         path = tmp_path / "ledger.sqlite3"
-        return lambda host=HOST, owner=False: SQLiteStore(path)
+
+        def embedded(host: str = HOST, owner: bool = False) -> Store:
+            opened = SQLiteStore(path)
+            opened._db.execute("PRAGMA reverse_unordered_selects = ON")
+            return opened
+
+        return embedded
     from broker.store.postgres import PostgresStore
 
     url = pg_url()

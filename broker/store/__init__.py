@@ -2,6 +2,8 @@
 base.py), two implementations.
 
     base.py        the Store protocol every part of the broker is written against
+    queries.py     the SQL both back ends run, once, with their dialects' differences
+    operations.py  the operations both run the same way (statements in, records out)
     sqlite.py      the embedded default: SQLite in the state dir, one broker
                    (sqlite_schema.py its tables)
     postgres.py    PostgreSQL shared by a fleet of brokers (psycopg 3 and its pool):

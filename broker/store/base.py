@@ -23,7 +23,7 @@ from dataclasses import fields
 from typing import Any, Protocol
 
 from broker import codec
-from broker.models import STATUSES, TERMINAL, Decision, Record
+from broker.models import Decision, Record
 
 __all__ = [
     "IN_FLIGHT",
@@ -42,8 +42,6 @@ JSON_COLUMNS = frozenset({"errors", "output", "verdict", "preview", "seen", "fac
 RECORD_FIELDS = [f.name for f in fields(Record)]
 WAITING = ("pending",)
 IN_FLIGHT = ("received", "approved", "applying")
-TERMINAL_SQL = "(" + ",".join(f"'{s}'" for s in sorted(TERMINAL)) + ")"
-ANSWERED_SQL = "(" + ",".join(f"'{s}'" for s in sorted(STATUSES)) + ")"  # a result file
 
 
 def record_from(data: Mapping[str, Any]) -> Record:

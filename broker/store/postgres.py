@@ -11,7 +11,8 @@ Same contract as the SQLite ledger (base.py), with what sharing needs:
   (`audit_heads … FOR UPDATE`, the last lock a transaction takes): each host's chain
   is in commit order, and an event is in the chain exactly when its change committed.
 - A change to another host's request NOTIFYs that host (delivered at commit), so its
-  broker applies a decision at once (listen.py).
+  broker applies a decision at once (listen.py); a change to the controls NOTIFYs
+  every host.
 - A broker's commit checks its lease (leases.py) first: a broker that lost its host id
   to another commits nothing more.
 
@@ -23,34 +24,23 @@ and writes go out together (pg_session.py).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 
-from broker import codec
-from broker.errors import AmbiguousRequest, LeaseLost, LedgerError, RequestNotFound
+from broker.errors import LeaseLost, LedgerError
 from broker.fleet import host_of
-from broker.models import Decision, Record
-from broker.store.base import (
-    ANSWERED_SQL,
-    JSON_COLUMNS,
-    TERMINAL_SQL,
-    AuditSink,
-    Chain,
-    Lease,
-    Listener,
-    record_from,
-    record_values,
-)
-from broker.store.pg_controls import Controls
-from broker.store.pg_schema import CHANNEL, error
+from broker.models import Record
+from broker.store import queries
+from broker.store.base import AuditSink, Chain, Lease, Listener, record_from
+from broker.store.operations import SqlOperations
+from broker.store.pg_schema import CHANNEL, EVERY_HOST, error
 from broker.store.pg_session import Session
 
 GENESIS = "0" * 64
 SEQ_BLOCK = 64  # request seqs reserved per round trip
-_DECISION_COLS = "sandbox, id, approver, verdict, reason, surface, sha256, at"
 # the pool retries its connections in the background and logs each failure; while the
 # server is away the broker says so itself, once a minute (outage.py)
 logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
@@ -64,11 +54,13 @@ def _texts(values: Iterable[Any]) -> list[Any]:
     ]
 
 
-class PostgresStore(Controls, Session):
+class PostgresStore(Session, SqlOperations):
     """One thread's view of the shared store: a connection borrowed from the pool per
-    transaction (or per read outside one)."""
+    transaction (or per read outside one). Its queries are the shared ones
+    (operations.py); here is what sharing adds."""
 
     shared = True
+    dialect = queries.POSTGRES
 
     def __init__(
         self, url: str, *, password: str | None, host: str, owner: bool, chain: Chain
@@ -171,44 +163,51 @@ class PostgresStore(Controls, Session):
             self._seqs = sorted((int(r["n"]) for r in rows), reverse=True)
         return self._seqs.pop()
 
-    @property
-    def _lock(self) -> str:
-        """Reads inside a transaction lock the rows they return (see the module doc)."""
-        return " FOR UPDATE" if self._conn is not None else ""
+    # -- what the shared operations ask of a back end (operations.py) -------------------
 
-    def _touch(self, sandbox: str) -> None:
+    def _fetch(self, sql: str, args: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        return self.execute(sql, args)
+
+    def _write(self, sql: str, args: Sequence[Any] = ()) -> None:
+        self.write(sql, args)
+
+    def _insert_row(self, record: Record, data: dict[str, Any]) -> int:
+        data["host"] = host_of(record.sandbox) or self.host
+        data["seq"] = seq = self._next_seq()
+        self.write(self.dialect.sql(queries.insert(data)), _texts(data.values()))
+        return seq
+
+    def _owned_host(self) -> str | None:
+        return self.host if self.owner else None
+
+    def _locking(self) -> bool:
+        """Reads inside a transaction lock the rows they return (see the module doc)."""
+        return self._conn is not None
+
+    def _clean(self, values: Iterable[Any]) -> list[Any]:
+        return _texts(values)
+
+    def _changed(self, sandbox: str, key: tuple[str, str] | None = None) -> None:
+        """Another host's request: NOTIFY that host at commit."""
         host = host_of(sandbox)
         if host and not (self.owner and host == self.host):
             self._touched.add(host)
+        if key is not None:
+            self._cache.pop(key, None)
+
+    def _lock_controls(self) -> None:
+        """The generation's row lock orders every change to the controls (two hosts
+        numbering proposals at once take turns)."""
+        self.write(
+            "INSERT INTO meta (key, value) VALUES ('policy_generation', '0') ON CONFLICT DO NOTHING"
+        )
+        self._query(queries.GENERATION, lock=True)
+
+    def _controls_changed(self) -> None:
+        """Every broker of the fleet obeys the controls: wake them all at commit."""
+        self.write("SELECT pg_notify(%s, %s)", (CHANNEL, EVERY_HOST))
 
     # -- requests -------------------------------------------------------------------
-
-    def insert(self, record: Record) -> Record:
-        data = record_values(record)
-        data["host"] = host_of(record.sandbox) or self.host
-        with self.transaction():
-            data["seq"] = seq = self._next_seq()
-            cols = ", ".join(data)
-            marks = ", ".join("%s" for _ in data)
-            self.write(f"INSERT INTO requests ({cols}) VALUES ({marks})", _texts(data.values()))
-            self._touch(record.sandbox)
-            self._cache.pop(record.key, None)
-        return record.evolve(seq=seq)
-
-    def update(self, record: Record, **changes: Any) -> Record:
-        new = record.evolve(**changes)
-        values = [
-            codec.dumps(v) if k in JSON_COLUMNS and v is not None else v for k, v in changes.items()
-        ]
-        sets = ", ".join(f"{k} = %s" for k in changes)
-        with self.transaction():
-            self.write(
-                f"UPDATE requests SET {sets}, synced = FALSE WHERE sandbox = %s AND id = %s",
-                _texts([*values, record.sandbox, record.id]),
-            )
-            self._touch(record.sandbox)
-            self._cache.pop(record.key, None)
-        return new
 
     def prefetch(self, keys: Iterable[tuple[str, str]]) -> None:
         """Read (and lock) in one statement the rows this transaction will `get`."""
@@ -228,153 +227,11 @@ class PostgresStore(Controls, Session):
     def get(self, sandbox: str, request_id: str) -> Record | None:
         if self._conn is not None and (sandbox, request_id) in self._cache:
             return self._cache[(sandbox, request_id)]
-        rows = self.execute(
-            f"SELECT * FROM requests WHERE sandbox = %s AND id = %s{self._lock}",
-            (sandbox, request_id),
-        )
-        return record_from(rows[0]) if rows else None
-
-    def find(self, ref: str) -> Record:
-        if "/" in ref:
-            sandbox, _, request_id = ref.partition("/")
-            record = self.get(sandbox, request_id)
-            if record is None:
-                raise RequestNotFound(f"no request {request_id!r} in sandbox {sandbox!r}")
-            return record
-        rows = self.execute(
-            f"SELECT * FROM requests WHERE id = %s ORDER BY seq{self._lock}", (ref,)
-        )
-        if not rows:
-            raise RequestNotFound(f"no request with id {ref!r}")
-        if len(rows) > 1:
-            where = ", ".join(f"{r['sandbox']}/{ref}" for r in rows)
-            raise AmbiguousRequest(f"id {ref!r} exists in several sandboxes: use one of {where}")
-        return record_from(rows[0])
-
-    def by_idempotency_key(self, sandbox: str, key: str) -> Record | None:
-        rows = self.execute(
-            "SELECT * FROM requests WHERE sandbox = %s AND idempotency_key = %s "
-            "AND replay_of IS NULL ORDER BY state = 'staged', seq LIMIT 1",  # a real first wins
-            (sandbox, key),
-        )
-        return record_from(rows[0]) if rows else None
-
-    def replays_of(self, record: Record) -> list[Record]:
-        rows = self.execute(
-            "SELECT * FROM requests WHERE sandbox = %s AND replay_of = %s "
-            f"AND state NOT IN {TERMINAL_SQL} ORDER BY seq",
-            (record.sandbox, record.id),
-        )
-        return [record_from(r) for r in rows]
-
-    def _mine(self) -> tuple[str, list[Any]]:
-        return ("host = %s AND ", [self.host]) if self.owner else ("", [])
-
-    def in_states(self, states: Iterable[str]) -> list[Record]:
-        where, args = self._mine()
-        rows = self.execute(
-            f"SELECT * FROM requests WHERE {where}state = ANY(%s) ORDER BY seq",
-            [*args, list(states)],
-        )
-        return [record_from(r) for r in rows]
-
-    def count_waiting(self, sandbox: str) -> int:
-        rows = self.execute(
-            "SELECT COUNT(*) AS n FROM requests WHERE sandbox = %s AND state = 'pending'",
-            (sandbox,),
-        )
-        return int(rows[0]["n"])
-
-    def answered_ids(self, sandbox: str) -> list[str]:
-        rows = self.execute(
-            f"SELECT id FROM requests WHERE sandbox = %s AND state IN {ANSWERED_SQL}", (sandbox,)
-        )
-        return [str(r["id"]) for r in rows]
-
-    def counts(self, sandbox: str) -> dict[str, int]:
-        rows = self.execute(
-            "SELECT state, COUNT(*) AS n FROM requests WHERE sandbox = %s GROUP BY state",
-            (sandbox,),
-        )
-        return {str(r["state"]): int(r["n"]) for r in rows}
-
-    def recent(self, limit: int = 50) -> list[Record]:
-        rows = self.execute("SELECT * FROM requests ORDER BY seq DESC LIMIT %s", (limit,))
-        return [record_from(r) for r in rows]
-
-    def search(
-        self,
-        *,
-        effect: str | None = None,
-        sandbox: str | None = None,
-        states: Iterable[str] | None = None,
-        limit: int = 50,
-    ) -> list[Record]:
-        where: list[str] = []
-        args: list[Any] = []
-        for column, value in (("effect", effect), ("sandbox", sandbox)):
-            if value is not None:
-                where.append(f"{column} = %s")
-                args.append(value)
-        if states is not None:
-            where.append("state = ANY(%s)")
-            args.append(list(states))
-        sql = "SELECT * FROM requests" + (" WHERE " + " AND ".join(where) if where else "")
-        rows = self.execute(f"{sql} ORDER BY seq DESC LIMIT %s", [*args, limit])
-        return [record_from(r) for r in rows]
+        return super().get(sandbox, request_id)
 
     def change_mark(self) -> int:
         rows = self.execute("SELECT COALESCE(MAX(gseq), 0) AS n FROM audit_lines")
         return int(rows[0]["n"])
-
-    def all(self) -> list[Record]:
-        return [record_from(r) for r in self.execute("SELECT * FROM requests ORDER BY seq")]
-
-    def unsynced(self) -> list[Record]:
-        where, args = self._mine()
-        rows = self.execute(f"SELECT * FROM requests WHERE {where}NOT synced ORDER BY seq", args)
-        return [record_from(r) for r in rows]
-
-    def mark_synced(self, written: Iterable[tuple[str, str, str]]) -> None:
-        with self.transaction():
-            for row in written:
-                self.write(
-                    "UPDATE requests SET synced = TRUE WHERE sandbox = %s AND id = %s "
-                    "AND state = %s",
-                    row,
-                )
-
-    # -- decisions --------------------------------------------------------------------
-
-    def add_decision(self, decision: Decision) -> None:
-        with self.transaction():
-            self.write(
-                f"INSERT INTO decisions ({_DECISION_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                _texts(
-                    (
-                        decision.sandbox,
-                        decision.id,
-                        decision.approver,
-                        decision.verdict,
-                        decision.reason,
-                        decision.surface,
-                        decision.sha256,
-                        decision.at,
-                    )
-                ),
-            )
-            self._touch(decision.sandbox)
-
-    def decisions(self, sandbox: str, request_id: str) -> list[Decision]:
-        rows = self.execute(
-            f"SELECT {_DECISION_COLS} FROM decisions WHERE sandbox = %s AND id = %s ORDER BY seq",
-            (sandbox, request_id),
-        )
-        return [Decision(**r) for r in rows]
-
-    def all_decisions(self) -> list[Decision]:
-        rows = self.execute(f"SELECT {_DECISION_COLS} FROM decisions ORDER BY seq")
-        return [Decision(**r) for r in rows]
 
     # -- the audit chain (chained at commit: nothing waits in a queue) ----------------
 

@@ -11,43 +11,29 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 from broker import codec
-from broker.errors import AmbiguousRequest, LedgerError, RequestNotFound
+from broker.errors import LedgerError
 from broker.models import Decision, Record
-from broker.store.base import (
-    ANSWERED_SQL,
-    IN_FLIGHT,
-    JSON_COLUMNS,
-    TERMINAL_SQL,
-    WAITING,
-    AuditSink,
-    Lease,
-    Listener,
-    record_from,
-    record_values,
-)
+from broker.store import queries
+from broker.store.base import IN_FLIGHT, WAITING, AuditSink, Lease, Listener
+from broker.store.operations import SqlOperations
 from broker.store.sqlite_schema import SCHEMA, migrate
 
 __all__ = ["IN_FLIGHT", "SCHEMA", "WAITING", "Decision", "Ledger", "Record", "SQLiteStore"]
 
 
-def _row_to_record(row: sqlite3.Row) -> Record:
-    return record_from(dict(row))
-
-
-def _dump(value: Any) -> Any:
-    return codec.dumps(value)
-
-
-class SQLiteStore:
-    """SQLite ledger. One connection per Ledger; use one Ledger per thread."""
+class SQLiteStore(SqlOperations):
+    """SQLite ledger. One connection per Ledger; use one Ledger per thread. Its queries
+    are the shared ones (operations.py); here are its connection, its transactions and
+    its audit queue."""
 
     shared = False
+    dialect = queries.SQLITE
     host: str | None = None
 
     def __init__(self, path: Path) -> None:
@@ -137,188 +123,33 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             raise LedgerError(f"ledger: {exc}") from exc
 
-    # -- requests ---------------------------------------------------------------
+    # -- what the shared operations ask of a back end (operations.py) -------------------
 
-    def insert(self, record: Record) -> Record:
-        data = record_values(record)
-        cols = ", ".join(data)
-        marks = ", ".join("?" for _ in data)
-        cur = self._exec(f"INSERT INTO requests ({cols}) VALUES ({marks})", list(data.values()))
-        return record.evolve(seq=cur.lastrowid)
+    def _fetch(self, sql: str, args: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._exec(sql, args).fetchall()]
 
-    def update(self, record: Record, **changes: Any) -> Record:
-        """Write `changes` to the row and return the new record; unsynces its result."""
-        new = record.evolve(**changes)
-        values = []
-        for key in changes:
-            value = changes[key]
-            values.append(_dump(value) if key in JSON_COLUMNS and value is not None else value)
-        sets = ", ".join(f"{k} = ?" for k in changes)
-        self._exec(
-            f"UPDATE requests SET {sets}, synced = 0 WHERE sandbox = ? AND id = ?",
-            [*values, record.sandbox, record.id],
-        )
-        return new
+    def _write(self, sql: str, args: Sequence[Any] = ()) -> None:
+        self._exec(sql, args)
+
+    def _insert_row(self, record: Record, data: dict[str, Any]) -> int:
+        cur = self._exec(self.dialect.sql(queries.insert(data)), list(data.values()))
+        assert cur.lastrowid is not None
+        return cur.lastrowid
 
     def prefetch(self, keys: Iterable[tuple[str, str]]) -> None:
         """Nothing to save: SQLite reads are in-process."""
-
-    def get(self, sandbox: str, request_id: str) -> Record | None:
-        row = self._exec(
-            "SELECT * FROM requests WHERE sandbox = ? AND id = ?", (sandbox, request_id)
-        ).fetchone()
-        return _row_to_record(row) if row else None
-
-    def find(self, ref: str) -> Record:
-        """A request by `ID` (unambiguous across sandboxes) or `SANDBOX/ID`."""
-        if "/" in ref:
-            sandbox, _, request_id = ref.partition("/")
-            record = self.get(sandbox, request_id)
-            if record is None:
-                raise RequestNotFound(f"no request {request_id!r} in sandbox {sandbox!r}")
-            return record
-        rows = self._exec("SELECT * FROM requests WHERE id = ?", (ref,)).fetchall()
-        if not rows:
-            raise RequestNotFound(f"no request with id {ref!r}")
-        if len(rows) > 1:
-            where = ", ".join(f"{r['sandbox']}/{ref}" for r in rows)
-            raise AmbiguousRequest(f"id {ref!r} exists in several sandboxes: use one of {where}")
-        return _row_to_record(rows[0])
-
-    def by_idempotency_key(self, sandbox: str, key: str) -> Record | None:
-        row = self._exec(
-            "SELECT * FROM requests WHERE sandbox = ? AND idempotency_key = ? "
-            "AND replay_of IS NULL ORDER BY state = 'staged', seq LIMIT 1",  # a real first wins
-            (sandbox, key),
-        ).fetchone()
-        return _row_to_record(row) if row else None
-
-    def replays_of(self, record: Record) -> list[Record]:
-        rows = self._exec(
-            "SELECT * FROM requests WHERE sandbox = ? AND replay_of = ? "
-            f"AND state NOT IN {TERMINAL_SQL}",
-            (record.sandbox, record.id),
-        ).fetchall()
-        return [_row_to_record(r) for r in rows]
-
-    def in_states(self, states: Iterable[str]) -> list[Record]:
-        wanted = list(states)
-        marks = ", ".join("?" for _ in wanted)
-        rows = self._exec(
-            f"SELECT * FROM requests WHERE state IN ({marks}) ORDER BY seq", wanted
-        ).fetchall()
-        return [_row_to_record(r) for r in rows]
-
-    def count_waiting(self, sandbox: str) -> int:
-        row = self._exec(
-            "SELECT COUNT(*) FROM requests WHERE sandbox = ? AND state = 'pending'", (sandbox,)
-        ).fetchone()
-        return int(row[0])
-
-    def answered_ids(self, sandbox: str) -> list[str]:
-        """Ids of a sandbox's requests that have a result file to show."""
-        rows = self._exec(
-            f"SELECT id FROM requests WHERE sandbox = ? AND state IN {ANSWERED_SQL}",
-            (sandbox,),
-        ).fetchall()
-        return [str(r[0]) for r in rows]
-
-    def counts(self, sandbox: str) -> dict[str, int]:
-        """Requests of one sandbox by state."""
-        rows = self._exec(
-            "SELECT state, COUNT(*) FROM requests WHERE sandbox = ? GROUP BY state", (sandbox,)
-        ).fetchall()
-        return {str(r[0]): int(r[1]) for r in rows}
-
-    def recent(self, limit: int = 50) -> list[Record]:
-        rows = self._exec("SELECT * FROM requests ORDER BY seq DESC LIMIT ?", (limit,)).fetchall()
-        return [_row_to_record(r) for r in rows]
-
-    def search(
-        self,
-        *,
-        effect: str | None = None,
-        sandbox: str | None = None,
-        states: Iterable[str] | None = None,
-        limit: int = 50,
-    ) -> list[Record]:
-        """The newest requests matching every filter given (read-only; the web inbox)."""
-        where: list[str] = []
-        args: list[Any] = []
-        if effect is not None:
-            where.append("effect = ?")
-            args.append(effect)
-        if sandbox is not None:
-            where.append("sandbox = ?")
-            args.append(sandbox)
-        if states is not None:
-            wanted = list(states)
-            where.append(f"state IN ({', '.join('?' for _ in wanted)})")
-            args.extend(wanted)
-        sql = "SELECT * FROM requests"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        rows = self._exec(f"{sql} ORDER BY seq DESC LIMIT ?", [*args, limit]).fetchall()
-        return [_row_to_record(r) for r in rows]
 
     def change_mark(self) -> int:
         """A number that grows with every committed change (each queues an audit event)."""
         row = self._exec("SELECT seq FROM sqlite_sequence WHERE name = 'audit_queue'").fetchone()
         return int(row[0]) if row else 0
 
-    def all(self) -> list[Record]:
-        return [_row_to_record(r) for r in self._exec("SELECT * FROM requests ORDER BY seq")]
-
-    def unsynced(self) -> list[Record]:
-        rows = self._exec("SELECT * FROM requests WHERE synced = 0 ORDER BY seq").fetchall()
-        return [_row_to_record(r) for r in rows]
-
-    def mark_synced(self, written: Iterable[tuple[str, str, str]]) -> None:
-        """Note results written as (sandbox, id, state); a newer state stays unsynced."""
-        self._db.executemany(
-            "UPDATE requests SET synced = 1 WHERE sandbox = ? AND id = ? AND state = ?",
-            list(written),
-        )
-
-    # -- decisions --------------------------------------------------------------
-
-    def add_decision(self, decision: Decision) -> None:
-        self._exec(
-            "INSERT INTO decisions (sandbox, id, approver, verdict, reason, surface, sha256, at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                decision.sandbox,
-                decision.id,
-                decision.approver,
-                decision.verdict,
-                decision.reason,
-                decision.surface,
-                decision.sha256,
-                decision.at,
-            ),
-        )
-
-    def decisions(self, sandbox: str, request_id: str) -> list[Decision]:
-        rows = self._exec(
-            "SELECT sandbox, id, approver, verdict, reason, surface, sha256, at FROM decisions "
-            "WHERE sandbox = ? AND id = ? ORDER BY seq",
-            (sandbox, request_id),
-        ).fetchall()
-        return [Decision(*tuple(r)) for r in rows]
-
-    def all_decisions(self) -> list[Decision]:
-        rows = self._exec(
-            "SELECT sandbox, id, approver, verdict, reason, surface, sha256, at FROM decisions "
-            "ORDER BY seq"
-        ).fetchall()
-        return [Decision(*tuple(r)) for r in rows]
-
     # -- the audit queue --------------------------------------------------------
 
     def queue_audit(self, event: dict[str, Any]) -> None:
         """Queue an event for the log, in the current transaction (written in one
         statement when it commits)."""
-        row = (_dump(event),)
+        row = (codec.dumps(event),)
         if self._depth:
             self._audit_rows.append(row)
         else:
@@ -342,7 +173,7 @@ class SQLiteStore:
         if known is None or known[0] < upto:
             self._exec(
                 "INSERT OR REPLACE INTO meta (key, value) VALUES ('audit_head', ?)",
-                (_dump([upto, head]),),
+                (codec.dumps([upto, head]),),
             )
 
     def audit_head(self) -> tuple[int, str] | None:
@@ -357,44 +188,6 @@ class SQLiteStore:
         from broker.clock import REAL
 
         return AuditWriter(self, log, checkpoints=checkpoints, clock=clock or REAL)
-
-    # -- controls -------------------------------------------------------------------
-
-    def controls(self, kind: str) -> dict[str, dict[str, Any]]:
-        rows = self._exec("SELECT key, value FROM controls WHERE kind = ?", (kind,)).fetchall()
-        return {str(r[0]): codec.loads(r[1]) for r in rows}
-
-    def put_control(self, kind: str, key: str, value: Mapping[str, Any] | None) -> None:
-        with self.transaction():
-            if value is None:
-                self._exec("DELETE FROM controls WHERE kind = ? AND key = ?", (kind, key))
-            else:
-                self._exec(
-                    "INSERT OR REPLACE INTO controls (kind, key, value) VALUES (?, ?, ?)",
-                    (kind, key, _dump(dict(value))),
-                )
-            self._exec(
-                "INSERT INTO meta (key, value) VALUES ('policy_generation', '1') "
-                "ON CONFLICT (key) DO UPDATE SET value = CAST(value AS INTEGER) + 1"
-            )
-
-    def next_control_key(self, kind: str) -> str:
-        row = self._exec(
-            "SELECT MAX(CAST(key AS INTEGER)) FROM controls WHERE kind = ?", (kind,)
-        ).fetchone()
-        return str((row[0] or 0) + 1)
-
-    def policy_generation(self) -> int:
-        row = self._exec("SELECT value FROM meta WHERE key = 'policy_generation'").fetchone()
-        return int(row[0]) if row else 0
-
-    def history(self, sandbox: str) -> list[Record]:
-        rows = self._exec(
-            "SELECT * FROM requests WHERE sandbox = ? AND replay_of IS NULL "
-            "AND state != 'invalid' ORDER BY seq",
-            (sandbox,),
-        ).fetchall()
-        return [_row_to_record(r) for r in rows]
 
     # -- the fleet: nothing to share ---------------------------------------------
 
