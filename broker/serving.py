@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from broker import ownership
 from broker.config import Config
-from broker.errors import BrokerError, StateBusy
+from broker.errors import BrokerError, OwnerGone, StateBusy
 from broker.fleet import qualify
 from broker.models import Record
 from broker.notify import Notifier
@@ -74,7 +74,7 @@ class Serving:
                 client.release()
                 client.close()
                 return
-            except ownership.OwnerGone:
+            except OwnerGone:
                 client.close()
                 with self._lock:
                     self._client = None
@@ -93,7 +93,7 @@ class Serving:
                 if client is not None:
                     try:
                         client.serve(self.sandbox_id)
-                    except ownership.OwnerGone:
+                    except OwnerGone:
                         client.close()
                     else:
                         self._client = client
