@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from broker import audit
-from broker.approval import Outcome, card, decide, nudge
+from broker.approval import Ballot, Tally, card, decide, nudge
 from broker.errors import DecisionError
 from broker.ledger import Ledger
 from broker.models import parse_iso
@@ -55,12 +55,12 @@ def decide_as(
     who: str,
     reason: str | None = None,
     sha256: str | None = None,
-) -> Outcome:
+) -> Tally:
     """Decide as a host-side surface does: write to the ledger, then nudge the broker."""
     ledger = Ledger(h.config.ledger_path)
     try:
         return decide(
-            ledger, ref, verdict, approver=who, reason=reason, surface="web", sha256=sha256
+            ledger, Ballot(ref, verdict, approver=who, reason=reason, surface="web", sha256=sha256)
         )
     finally:
         ledger.close()

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from broker.approval import decide, nudge
+from broker.approval import Ballot, decide, nudge
 from broker.ledger import Ledger, Record
 from broker.models import iso, now
 from broker.stats import summarize
@@ -248,12 +248,14 @@ def test_stats_of_a_real_broker(tmp_path: Path) -> None:
                 reason = "no" if verdict == "deny" else None
                 decide(
                     led,
-                    result["id"],
-                    verdict,
-                    approver=who,
-                    reason=reason,
-                    surface="web",
-                    sha256=None,
+                    Ballot(
+                        result["id"],
+                        verdict,
+                        approver=who,
+                        reason=reason,
+                        surface="web",
+                        sha256=None,
+                    ),
                 )
         finally:
             led.close()

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from broker import approval, undo
+from broker.approval import Ballot
 from broker.audit import AuditLog, flush
 from broker.faults import FAULT_POINTS
 from broker.ledger import Ledger
@@ -196,12 +197,14 @@ def approve(site: Site, ref: str) -> None:
     try:
         approval.decide(
             ledger,
-            ref,
-            "approve",
-            approver="crash-suite",
-            reason="checked after the restart",
-            surface="cli",
-            sha256=None,
+            Ballot(
+                ref,
+                "approve",
+                approver="crash-suite",
+                reason="checked after the restart",
+                surface="cli",
+                sha256=None,
+            ),
         )
         flush(ledger, AuditLog(site.state / "audit.jsonl"))
     finally:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from broker import approval
+from broker.approval import Ballot
 from broker.audit import AuditLog, flush
 from broker.ledger import Ledger
 from broker.pipeline import Broker
@@ -35,12 +36,14 @@ def test_decision_taken_while_the_broker_starts_is_applied_promptly(
         try:
             approval.decide(
                 ledger,
-                doc["id"],
-                "approve",
-                approver="ops",
-                reason="looked at it",
-                surface="cli",
-                sha256=None,
+                Ballot(
+                    doc["id"],
+                    "approve",
+                    approver="ops",
+                    reason="looked at it",
+                    surface="cli",
+                    sha256=None,
+                ),
             )
             flush(ledger, AuditLog(h.config.audit_path))
         finally:

@@ -23,6 +23,7 @@ import pytest
 
 from broker import approval
 from broker import clock as broker_clock
+from broker.approval import Ballot
 from broker.audit import AuditLog, flush
 from broker.config import Config, Limits
 from broker.events import Rescan
@@ -142,12 +143,14 @@ class Driver:
         try:
             approval.decide(
                 ledger,
-                f"default/{request_id}",
-                verdict,
-                approver="fuzz-person",
-                reason="the model said so",
-                surface="cli",
-                sha256=None,
+                Ballot(
+                    f"default/{request_id}",
+                    verdict,
+                    approver="fuzz-person",
+                    reason="the model said so",
+                    surface="cli",
+                    sha256=None,
+                ),
             )
             flush(ledger, AuditLog(self.config.audit_path))
         finally:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from broker import audit
-from broker.approval import decide_and_wake
+from broker.approval import Ballot, decide_and_wake
 from broker.ledger import Ledger
 from broker.testing import BrokerHarness, FakeHandler
 from tests.sandbox.conftest import CLIENT
@@ -75,12 +75,7 @@ def approve(h: BrokerHarness, rid: str) -> None:
         decide_and_wake(
             h.config,
             ledger,
-            rid,
-            "approve",
-            approver="ana",
-            reason=None,
-            surface="cli",
-            sha256=None,
+            Ballot(rid, "approve", approver="ana", reason=None, surface="cli", sha256=None),
         )
     finally:
         ledger.close()
