@@ -1,7 +1,8 @@
 """Decisions by people: approve or deny a pending request, with quorum.
 
-A decision names who decided, through which surface, the verdict, the reason, and the
-sha256 of the request the decider saw; a decision for any other sha256 is refused.
+A decision (a `Ballot`) names who decided, through which surface, the verdict, the
+reason, and the sha256 of the request the decider saw; one for any other sha256 is
+refused. `decide` answers with the request's `Tally`: settled or not, approvals so far.
 Decisions are written to the ledger by whichever host-side surface took them (CLI,
 terminal prompt, web); the serving broker is nudged and applies what was approved.
 The sandbox has no way in: nothing here reads the outbox.

@@ -98,12 +98,11 @@ class Lifecycle:
         """A protocol or schema violation (invalid), or a policy refusal (denied)."""
         stamp = clock.iso(clock.now())
         issues = [i.to_json() for i in exc.issues]
-        denial = exc if isinstance(exc, PolicyDenied) else None
-        rule = denial.rule if denial is not None else None
+        rule = exc.rule if isinstance(exc, PolicyDenied) else None
         by = "policy" if rule is not None else None
         told: dict[str, Any] = {}  # what the policy said and was told, for replay
-        if denial is not None and denial.verdict is not None:
-            told = {"verdict": denial.verdict.to_json(), "facts": denial.facts}
+        if isinstance(exc, PolicyDenied) and exc.verdict is not None:
+            told = {"verdict": exc.verdict.to_json(), "facts": exc.facts}
         record = self._move(
             record,
             **told,
