@@ -5,11 +5,11 @@
     outcome = await client.decision(ref, timeout=600)  # waits, no file polling
     assert outcome.approved and outcome.decided_by == "chatbot:alice"
 
-`ref` is a request's id (or SANDBOX/ID); the broker's state dir is $BROKER_STATE_DIR
-unless `state_dir=` or `config=` names one. `decide_sync` and `decision_sync` are the
-same for code that is not async. An AutoGen `approval_func` or a chat bot uses this
-instead of reading result files. Waiting wakes on the ledger's own writes (its WAL
-file), not on a timer.
+`ref` is a request's id (or SANDBOX/ID). The broker is found as the CLI finds it
+($BROKER_CONFIG, else $BROKER_STATE_DIR) unless `config=` or `state_dir=` names it.
+`decide_sync` and `decision_sync` are the same for code that is not async. An AutoGen
+`approval_func` or a chat bot uses this instead of reading result files. Waiting wakes
+on the ledger's own writes (its WAL file), not on a timer.
 """
 
 from __future__ import annotations
