@@ -1,11 +1,15 @@
 """A Python API for host-side integrations: wait for, or submit, a decision.
 
     from broker import client
-    outcome = await client.decision("3f6c…", timeout=600)      # waits, no file polling
-    client.decide_sync("3f6c…", "approve", approver="chatbot:alice", reason="ok")
+    await client.decide(ref, "approve", approver="chatbot:alice", reason="ok")
+    outcome = await client.decision(ref, timeout=600)  # waits, no file polling
+    assert outcome.approved and outcome.decided_by == "chatbot:alice"
 
-An AutoGen `approval_func` or a chat bot uses this instead of reading result files.
-Waiting wakes on the ledger's own writes (its WAL file), not on a timer.
+`ref` is a request's id (or SANDBOX/ID). The broker is found as the CLI finds it
+($BROKER_CONFIG, else $BROKER_STATE_DIR) unless `config=` or `state_dir=` names it.
+`decide_sync` and `decision_sync` are the same for code that is not async. An AutoGen
+`approval_func` or a chat bot uses this instead of reading result files. Waiting wakes
+on the ledger's own writes (its WAL file), not on a timer.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.approval.decisions import decide_and_wake
+from broker.approval.decisions import Ballot, decide_and_wake
 from broker.config import Config, load_config
 from broker.models import Record
 from broker.store.factory import open_store
@@ -116,17 +120,8 @@ async def decide(
     state_dir: Path | None = None,
 ) -> DecisionInfo:
     """Record a host-side decision (approve | deny) and wake the broker."""
-    return await asyncio.to_thread(
-        decide_sync,
-        ref,
-        verdict,
-        approver=approver,
-        reason=reason,
-        sha256=sha256,
-        surface=surface,
-        config=config,
-        state_dir=state_dir,
-    )
+    ballot = Ballot(ref, verdict, approver, reason, surface, sha256)
+    return await asyncio.to_thread(_decide, ballot, config, state_dir)
 
 
 def decide_sync(
@@ -140,19 +135,16 @@ def decide_sync(
     config: Config | None = None,
     state_dir: Path | None = None,
 ) -> DecisionInfo:
+    """`decide`, for code that is not async."""
+    ballot = Ballot(ref, verdict, approver, reason, surface, sha256)
+    return _decide(ballot, config, state_dir)
+
+
+def _decide(ballot: Ballot, config: Config | None, state_dir: Path | None) -> DecisionInfo:
     cfg = _config(config, state_dir)
     ledger = open_store(cfg)
     try:
-        outcome = decide_and_wake(
-            cfg,
-            ledger,
-            ref,
-            verdict,
-            approver=approver,
-            reason=reason,
-            surface=surface,
-            sha256=sha256,
-        )
+        tally = decide_and_wake(cfg, ledger, ballot)
     finally:
         ledger.close()
-    return _info(outcome.record)
+    return _info(tally.record)

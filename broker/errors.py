@@ -15,23 +15,35 @@
     ├── AuditError             the audit log cannot be written or read
     ├── SandboxError           the Docker engine or a container misbehaved
     ├── StateBusy              another process serves this state dir
+    ├── OwnerGone              the serving broker closed its control connection
     ├── DecisionError          a decision cannot be recorded (stale sha256, not pending…)
+    ├── ControlError           a kill switch, remembered rule or proposal cannot change so
     ├── NotifyError            a notification service (Slack) refused or did not answer
     └── Outcome                stop here: this is the request's answer (control flow)
         ├── Rejected           the request breaks the protocol or its schema → invalid
-        ├── Denied             the policy or a person said no → denied
-        ├── Expired            nobody decided in time → expired
+        ├── PolicyDenied       the policy (or a limit it enforces) said no → denied
         └── EffectFailed       the handler ran and the service refused or broke → failed
             └── InvalidParams  the handler found params it cannot act on → invalid
 
 Handlers raise `EffectFailed` (or `InvalidParams`) with a reason an agent can act on,
 translating their library's exceptions at their edge, `from exc`.
+
+An `Outcome` ends a request on its way in (admission) or out (apply). What befalls a
+request that waits is not one: a person's denial, an expiry or a kill switch is a
+move of its recorded state (`broker.lifecycle`), taken where it is decided.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from broker.models import Verdict
+
+Answer = Literal["denied", "invalid", "failed"]
+"""The result status an `Outcome` gives its request."""
 
 
 class BrokerError(Exception):
@@ -94,6 +106,10 @@ class StateBusy(BrokerError):
     """Another process serves this state dir (it holds the state lock)."""
 
 
+class OwnerGone(BrokerError):
+    """The broker that owns the state dir closed its control connection (stopped, died)."""
+
+
 class NotifyError(BrokerError):
     """A notification service (Slack's Web API) refused a call or did not answer."""
 
@@ -119,9 +135,12 @@ class Issue:
 
 
 class Outcome(BrokerError):
-    """Stop processing this request: the exception is its answer."""
+    """Stop processing this request: the exception is its answer.
 
-    status = "failed"
+    `issues` are what is wrong with the request, recorded with its answer."""
+
+    status: Answer = "failed"
+    issues: tuple[Issue, ...] = ()
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -131,35 +150,42 @@ class Outcome(BrokerError):
 class Rejected(Outcome):
     """The request breaks the protocol or its schema; its result is `invalid`."""
 
-    status = "invalid"
+    status: Answer = "invalid"
 
     def __init__(self, reason: str, issues: Sequence[Issue] = ()) -> None:
         super().__init__(reason)
         self.issues = tuple(issues)
 
 
-class Denied(Outcome):
-    """The policy or a person said no; its result is `denied`."""
+class PolicyDenied(Outcome):
+    """The policy (or a limit it enforces) said no; its result is `denied`. `rule` names
+    which; `verdict` and `facts` are what the policy said and was told (for replay)."""
 
-    status = "denied"
+    status: Answer = "denied"
 
-
-class Expired(Outcome):
-    """Nobody decided before the deadline and the policy fails closed."""
-
-    status = "expired"
+    def __init__(
+        self,
+        reason: str,
+        rule: str,
+        verdict: Verdict | None = None,
+        facts: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(reason)
+        self.rule = rule
+        self.verdict = verdict
+        self.facts = facts
 
 
 class EffectFailed(Outcome):
     """The handler ran and the service refused or broke; its result is `failed`."""
 
-    status = "failed"
+    status: Answer = "failed"
 
 
 class InvalidParams(EffectFailed):
     """The handler found params it cannot act on; its result is `invalid`."""
 
-    status = "invalid"
+    status: Answer = "invalid"
 
     def __init__(self, path: str, message: str, code: str = "invalid_param") -> None:
         super().__init__(f"invalid: {message}")

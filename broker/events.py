@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from broker.errors import EffectFailed
 from broker.models import State
 
 Key = tuple[str, str]
@@ -71,7 +72,7 @@ class Assessed:
     preview: dict[str, Any] | None = None
     seen: dict[str, Any] | None = None
     protected: tuple[str, ...] = ()  # the protected paths the change touches
-    refused: tuple[State, str, list[dict[str, str]]] | None = None
+    refused: EffectFailed | None = None
     broken: str | None = None
 
 

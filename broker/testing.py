@@ -1,14 +1,16 @@
 """Test helpers shipped for plugin authors: a real Context for handler tests, a fake
 handler, a clock the test moves, and a broker in a thread.
 
-from broker.testing import FakeHandler, BrokerHarness, make_context
+    from broker.testing import BrokerHarness, FakeHandler, make_context
+    from effects.files import FilesWrite
 
-ctx = make_context({"root": str(tmp_path)}, integration="files")
-preview = MyHandler().preview({"path": "a.txt"}, ctx)
+    ctx = make_context({"root": str(tmp_path)}, integration="files")
+    preview = FilesWrite().preview({"path": "a.txt", "content": "hello"}, ctx)
+    assert preview.body == "hello"  # a new file: the content it gets, literally
 
-with BrokerHarness(tmp_path, handlers=[FakeHandler("demo.ping")]) as h:
-    result = h.submit({"effect": "demo.ping", "params": {}})
-    assert result["status"] == "applied"
+    with BrokerHarness(tmp_path, handlers=[FakeHandler("demo.ping")]) as h:
+        result = h.submit(h.request("demo.ping"))  # a whole envelope: version, id, effect
+        assert result["status"] == "applied"
 
 `BrokerHarness(..., staged=True)` (or `staged=["demo.*"]`) runs it in staged mode: the
 result is `staged`, its output the verdict and the preview, and nothing is applied.

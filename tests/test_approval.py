@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from broker.approval.decisions import Outcome, card, decide, nudge
+from broker.approval.decisions import Ballot, Tally, card, decide, nudge
 from broker.audit import log as audit
 from broker.clock import REAL, Clock
 from broker.errors import DecisionError
@@ -59,18 +59,13 @@ def decide_as(
     who: str,
     reason: str | None = None,
     sha256: str | None = None,
-) -> Outcome:
+) -> Tally:
     """Decide as a host-side surface does: write to the ledger, then nudge the broker."""
     ledger = Ledger(h.config.ledger_path)
     try:
         return decide(
             ledger,
-            ref,
-            verdict,
-            approver=who,
-            reason=reason,
-            surface="web",
-            sha256=sha256,
+            Ballot(ref, verdict, approver=who, reason=reason, surface="web", sha256=sha256),
             now=h.clock,  # the broker's: a FakeClock's deadlines pass when it is moved
         )
     finally:

@@ -1,5 +1,6 @@
 """docs/architecture.md's example handler is real: it registers, previews, waits for a
-person (it is irreversible), and is applied with the host's secret once approved."""
+person (it is irreversible), and is applied with the host's secret once approved; and
+the doc's examples pass `mypy --strict` as a plugin author's project would run it."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+import mypy.api
 import pytest
 
-from broker.approval.decisions import decide_and_wake
+from broker.approval.decisions import Ballot, decide_and_wake
 from broker.errors import ConfigError
 from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness, make_context
@@ -17,9 +19,14 @@ from broker.testing import BrokerHarness, make_context
 DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 
 
+def blocks() -> list[str]:
+    """The doc's Python blocks, in order."""
+    return re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
+
+
 def example() -> dict[str, Any]:
     """The doc's first Python block, executed: its names."""
-    code = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)[0]
+    code = blocks()[0]
     assert len(code.strip().splitlines()) < 40, "the example handler must stay under 40 lines"
     names: dict[str, Any] = {}
     exec(compile(code, str(DOC), "exec"), names)
@@ -44,12 +51,9 @@ def test_the_example_handler_works_through_a_real_broker(
             decide_and_wake(
                 h.config,
                 ledger,
-                doc["id"],
-                "approve",
-                approver="ops",
-                reason="ok",
-                surface="cli",
-                sha256=None,
+                Ballot(
+                    doc["id"], "approve", approver="ops", reason="ok", surface="cli", sha256=None
+                ),
             )
         finally:
             ledger.close()
@@ -69,3 +73,18 @@ def test_the_doc_s_make_context_line_holds() -> None:
     """The doc's make_context snippet previews as it says."""
     ctx = make_context({"channel": "#ops", "token_env": "PAGER_TOKEN"}, integration="pager")
     assert example()["Ping"]().preview({"message": "disk full"}, ctx).body == "disk full"
+
+
+def test_the_doc_s_examples_pass_mypy_strict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The doc's Python blocks, as one plugin module outside this tree, type-check with
+    `mypy --strict`: `broker` and `effects` are found installed, typed (py.typed)."""
+    plugin = tmp_path / "pager_plugin.py"
+    plugin.write_text("\n".join(blocks()), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)  # no pyproject.toml, and this tree is not on mypy's path
+    out, err, status = mypy.api.run(
+        ["--strict", "--cache-dir", str(tmp_path / ".mypy_cache"), str(plugin)]
+    )
+    assert status == 0, out + err
+    assert "no issues found in 1 source file" in out

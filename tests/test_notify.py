@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from broker.approval.decisions import decide, nudge
+from broker.approval.decisions import Ballot, decide, nudge
 from broker.approval.notify import Notifier, Webhook, payload, webhooks_from
 from broker.errors import ConfigError
 from broker.store.sqlite import Ledger
@@ -124,7 +124,9 @@ def test_one_notification_per_waiting_request(
     hook.wait_for("/json", 1)
     ledger = Ledger(h.config.ledger_path)
     try:
-        decide(ledger, doc["id"], "deny", approver="a", reason="no", surface="web", sha256=None)
+        decide(
+            ledger, Ballot(doc["id"], "deny", approver="a", reason="no", surface="web", sha256=None)
+        )
     finally:
         ledger.close()
     nudge(h.state)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from broker.approval.decisions import decide_and_wake
+from broker.approval.decisions import Ballot, decide_and_wake
 from broker.review.replay import LOOSENED_EXIT
 from broker.store.sqlite import SQLiteStore
 from broker.testing import BrokerHarness
@@ -160,23 +160,13 @@ def site(
             decide_and_wake(
                 h.config,
                 ledger,
-                rid,
-                "approve",
-                approver="bob",
-                reason=None,
-                surface="api",
-                sha256=None,
+                Ballot(rid, "approve", approver="bob", reason=None, surface="api", sha256=None),
             )
         for rid in gated[20:]:
             decide_and_wake(
                 h.config,
                 ledger,
-                rid,
-                "deny",
-                approver="bob",
-                reason="no",
-                surface="api",
-                sha256=None,
+                Ballot(rid, "deny", approver="bob", reason="no", surface="api", sha256=None),
             )
         for rid in gated[:20]:
             assert h.wait(rid)["status"] == "applied"

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from broker.approval.decisions import decide, nudge
+from broker.approval.decisions import Ballot, decide, nudge
 from broker.models import Record, iso, now
 from broker.observability.stats import summarize
 from broker.store.sqlite import Ledger
@@ -248,12 +248,14 @@ def test_stats_of_a_real_broker(tmp_path: Path) -> None:
                 reason = "no" if verdict == "deny" else None
                 decide(
                     led,
-                    result["id"],
-                    verdict,
-                    approver=who,
-                    reason=reason,
-                    surface="web",
-                    sha256=None,
+                    Ballot(
+                        result["id"],
+                        verdict,
+                        approver=who,
+                        reason=reason,
+                        surface="web",
+                        sha256=None,
+                    ),
                 )
         finally:
             led.close()

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from broker.approval import decisions as approval
+from broker.approval.decisions import Ballot
 from broker.errors import DecisionError
 from broker.lifecycle.transitions import Lifecycle
 from broker.models import Record, Verdict, canonical_json, sha256_hex
@@ -72,7 +73,8 @@ def expire_if_pending(store: Store, rid: str) -> str:
 
 def decide(store: Store, rid: str, who: str) -> str:
     outcome = approval.decide(
-        store, f"alpha.sb/{rid}", "approve", approver=who, reason="ok", surface="cli", sha256=None
+        store,
+        Ballot(f"alpha.sb/{rid}", "approve", approver=who, reason="ok", surface="cli", sha256=None),
     )
     return outcome.record.state
 

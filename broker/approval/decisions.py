@@ -1,7 +1,8 @@
 """Decisions by people: approve or deny a pending request, with quorum.
 
-A decision names who decided, through which surface, the verdict, the reason, and the
-sha256 of the request the decider saw; a decision for any other sha256 is refused.
+A decision (a `Ballot`) names who decided, through which surface, the verdict, the
+reason, and the sha256 of the request the decider saw; one for any other sha256 is
+refused. `decide` answers with the request's `Tally`: settled or not, approvals so far.
 Decisions are written to the ledger by whichever host-side surface took them (CLI,
 terminal prompt, web); the serving broker is nudged and applies what was approved.
 The sandbox has no way in: nothing here reads the outbox.
@@ -34,8 +35,24 @@ log = logging.getLogger("broker.approval.decisions")
 
 
 @dataclass(frozen=True)
-class Outcome:
-    """What a decision did: the request as it now stands, and whether it is settled."""
+class Ballot:
+    """One person's verdict on one pending request, as a surface took it.
+
+    `sha256` is what the decider saw (a prefix of at least 12 hex digits is accepted
+    from a terminal); None means "the request as recorded", for surfaces that show it.
+    """
+
+    ref: str  # ID or SANDBOX/ID
+    verdict: str  # approve | deny
+    approver: str
+    reason: str | None
+    surface: str  # cli | prompt | web | slack | api | autogen …
+    sha256: str | None
+
+
+@dataclass(frozen=True)
+class Tally:
+    """What a ballot did: the request as it now stands, and whether it is settled."""
 
     record: Record
     settled: bool
@@ -51,33 +68,24 @@ def approvers(ledger: Store, record: Record) -> list[str]:
     return [d.approver for d in ledger.decisions(*record.key) if d.verdict == "approve"]
 
 
-def decide(
-    ledger: Store,
-    ref: str,
-    verdict: str,
-    *,
-    approver: str,
-    reason: str | None,
-    surface: str,
-    sha256: str | None,
-    now: Clock = REAL,
-) -> Outcome:
+def decide(ledger: Store, ballot: Ballot, now: Clock = REAL) -> Tally:
     """Record one person's verdict on a pending request; settle it when quorum is met.
 
-    `sha256` is what the decider saw (a prefix of at least 12 hex digits is accepted
-    from a terminal); None means "the request as recorded", for surfaces that show it.
-    `now` is the clock its deadline is judged on (a test's FakeClock).
+    `ballot.sha256` is what the decider saw (a prefix of at least 12 hex digits is
+    accepted from a terminal); None means "the request as recorded", for surfaces that
+    show it. `now` is the clock its deadline is judged on (a test's FakeClock).
     """
+    verdict, reason = ballot.verdict, ballot.reason
     if verdict not in VERDICTS:
         raise DecisionError(f"verdict must be approve or deny, not {verdict!r}")
     if verdict == "deny" and not (reason and reason.strip()):
         raise DecisionError("a denial needs a reason: it goes back to the agent")
-    if not approver.strip():
+    if not ballot.approver.strip():
         raise DecisionError("a decision needs the name of the person who took it")
-    approver = approver_name(approver)  # `Alice` and "alice " are one person to a quorum
+    approver = approver_name(ballot.approver)  # `Alice` and "alice " are one person to a quorum
     with ledger.transaction():
-        record = ledger.find(ref)
-        _check_decidable(record, sha256, now)
+        record = ledger.find(ballot.ref)
+        _check_decidable(record, ballot.sha256, now)
         previous = ledger.decisions(*record.key)
         if any(same_person(d.approver, approver) for d in previous):
             raise DecisionError(
@@ -92,7 +100,7 @@ def decide(
             approver,
             verdict,
             reason,
-            surface,
+            ballot.surface,
             record.sha256 or "",
             stamp,
         )
@@ -105,7 +113,7 @@ def decide(
                 by=approver,
                 verdict=verdict,
                 reason=reason,
-                surface=surface,
+                surface=ballot.surface,
             )
         )
         return _settle(ledger, record, [*previous, decision], stamp)
@@ -130,7 +138,7 @@ def _check_decidable(record: Record, sha256: str | None, now: Clock) -> None:
         )
 
 
-def _settle(ledger: Store, record: Record, decisions: list[Decision], stamp: str) -> Outcome:
+def _settle(ledger: Store, record: Record, decisions: list[Decision], stamp: str) -> Tally:
     """A denial settles it; approvals settle it once there are enough of them."""
     last = decisions[-1]
     need = needed(record)
@@ -138,32 +146,20 @@ def _settle(ledger: Store, record: Record, decisions: list[Decision], stamp: str
     life = Lifecycle(ledger)
     if last.verdict == "deny":
         record = life.refuse(record, last.approver, str(last.reason), stamp)
-        return Outcome(record, True, len(approvals), need)
+        return Tally(record, True, len(approvals), need)
     if len(approvals) < need:
-        return Outcome(record, False, len(approvals), need)
+        return Tally(record, False, len(approvals), need)
     said = "; ".join(f"{d.approver}: {d.reason}" if d.reason else d.approver for d in approvals)
     by = ", ".join(d.approver for d in approvals)
     record = life.approve(record, by, f"approved by {said}", stamp)
-    return Outcome(record, True, len(approvals), need)
+    return Tally(record, True, len(approvals), need)
 
 
-def decide_and_wake(
-    config: Config,
-    ledger: Store,
-    ref: str,
-    verdict: str,
-    *,
-    approver: str,
-    reason: str | None,
-    surface: str,
-    sha256: str | None,
-) -> Outcome:
+def decide_and_wake(config: Config, ledger: Store, ballot: Ballot) -> Tally:
     """What every surface does: `decide`, append its audit events, wake the broker."""
-    outcome = decide(
-        ledger, ref, verdict, approver=approver, reason=reason, surface=surface, sha256=sha256
-    )
-    wake(config, ledger, f"decision on {ref}")
-    return outcome
+    tally = decide(ledger, ballot)
+    wake(config, ledger, f"decision on {ballot.ref}")
+    return tally
 
 
 def wake(config: Config, ledger: Store, what: str) -> None:

@@ -165,18 +165,15 @@ def _decide(
     config: Path | None,
     state: Path | None,
 ) -> tuple[Store, str]:
-    from broker.approval.decisions import decide_and_wake
+    from broker.approval.decisions import Ballot, decide_and_wake
 
     cfg = config_only(config, state)
     ledger = open_ledger(cfg)
     who = identity(as_, cfg)
     if not yes and sys.stdin.isatty() and sys.stdout.isatty():
         sha256 = _confirm(ledger, ref, verdict, reason, sha256)
-    result = guarded(
-        lambda: decide_and_wake(
-            cfg, ledger, ref, verdict, approver=who, reason=reason, surface="cli", sha256=sha256
-        )
-    )
+    ballot = Ballot(ref, verdict, who, reason, "cli", sha256)
+    result = guarded(lambda: decide_and_wake(cfg, ledger, ballot))
     ref_text = terminal(f"{result.record.sandbox}/{result.record.id}")
     if not result.settled:
         out.print(

@@ -153,7 +153,7 @@ class Prompt:
 
     def _ask(self, ledger: Store, current: Record) -> None:
         """Show the card, read a verdict and a reason, and record them."""
-        from broker.approval.decisions import card, decide_and_wake
+        from broker.approval.decisions import Ballot, card, decide_and_wake
 
         print_card(card(ledger, current, self.registry))
         key = input(QUESTION).strip().lower()[:1]
@@ -164,15 +164,9 @@ class Prompt:
         reason = input("reason (the agent reads it): ").strip() or None
         who = identity(None, self.cfg)
         try:
+            ref = f"{current.sandbox}/{current.id}"
             decide_and_wake(
-                self.cfg,
-                ledger,
-                f"{current.sandbox}/{current.id}",
-                verdict,
-                approver=who,
-                reason=reason,
-                surface="prompt",
-                sha256=current.sha256,
+                self.cfg, ledger, Ballot(ref, verdict, who, reason, "prompt", current.sha256)
             )
             out.print(f"{verdict}d" if verdict == "approve" else "denied")
         except BrokerError as exc:

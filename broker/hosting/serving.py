@@ -12,7 +12,7 @@ from collections.abc import Callable
 from broker.approval.notify import Notifier
 from broker.clock import REAL
 from broker.config import Config
-from broker.errors import BrokerError, StateBusy
+from broker.errors import BrokerError, OwnerGone, StateBusy
 from broker.fleet import qualify
 from broker.intake.outbox import from_layout
 from broker.loop import ownership
@@ -74,7 +74,7 @@ class Serving:
                 client.release()
                 client.close()
                 return
-            except ownership.OwnerGone:
+            except OwnerGone:
                 client.close()
                 with self._lock:
                     self._client = None
@@ -93,7 +93,7 @@ class Serving:
                 if client is not None:
                     try:
                         client.serve(self.sandbox_id)
-                    except ownership.OwnerGone:
+                    except OwnerGone:
                         client.close()
                     else:
                         self._client = client

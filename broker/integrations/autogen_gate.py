@@ -143,7 +143,7 @@ def _decision(result: Mapping[str, Any], request: Request, ref: str) -> Decision
 
 def withdraw(config: Config, paths: sandbox.SandboxPaths, request_id: str) -> None:
     """Deny the request if it still waits (recorded in the ledger and the audit log)."""
-    from broker.approval.decisions import decide_and_wake
+    from broker.approval.decisions import Ballot, decide_and_wake
     from broker.fleet import qualify
     from broker.store.factory import open_store
 
@@ -159,16 +159,7 @@ def withdraw(config: Config, paths: sandbox.SandboxPaths, request_id: str) -> No
             REAL.sleep(0.02)  # the broker records a request within milliseconds
         if record.state != "pending":
             return  # decided meanwhile: nothing waits, and nothing runs either
-        decide_and_wake(
-            config,
-            ledger,
-            ref,
-            "deny",
-            approver=WITHDRAWER,
-            reason=WITHDRAWN,
-            surface="autogen",
-            sha256=None,
-        )
+        decide_and_wake(config, ledger, Ballot(ref, "deny", WITHDRAWER, WITHDRAWN, "autogen", None))
     except BrokerError as exc:  # decided meanwhile, or the ledger is gone: say so, go on
         log.warning("could not withdraw %s: %s", ref, exc)
     finally:

@@ -2,7 +2,7 @@
 replays, the policy's verdict, then applying, waiting for people, or an answer.
 
 Runs inside the wake-up's transaction. A stage ends a request by raising an Outcome
-(Rejected, Denied…): that is its answer, recorded by `broker.lifecycle.transitions`.
+(Rejected, PolicyDenied…): that is its answer, recorded by `broker.lifecycle.transitions`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from broker import clock
 from broker.config import Config
 from broker.context import Memo, context_for
-from broker.errors import Denied, Issue, Outcome, Rejected
+from broker.errors import Issue, Outcome, PolicyDenied, Rejected
 from broker.events import Assessed
 from broker.intake.canonical import canonical_request
 from broker.intake.claims import Read
@@ -33,23 +33,6 @@ from broker.validation import Validator
 
 log = logging.getLogger("broker")
 UNKNOWN_PROTECTED = "(not known: the assessment did not finish)"
-
-
-class PolicyDenied(Denied):
-    """The policy (or a limit it enforces) said no; `rule` names which. `verdict` and
-    `facts` are what the policy said and was told, recorded with the denial (replay)."""
-
-    def __init__(
-        self,
-        reason: str,
-        rule: str,
-        verdict: Verdict | None = None,
-        facts: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(reason)
-        self.rule = rule
-        self.verdict = verdict
-        self.facts = facts
 
 
 class Admission:
@@ -112,7 +95,7 @@ class Admission:
                 raise refused
             self._route(record, request, batch)
         except Outcome as exc:
-            batch.answer.append(self.lifecycle.reject(record, exc, getattr(exc, "rule", None)))
+            batch.answer.append(self.lifecycle.reject(record, exc))
 
     def _canonical(self, request: Request) -> tuple[Request, Outcome | None]:
         """The params schema, then the handler's canonical form: what is recorded,
@@ -224,8 +207,7 @@ class Admission:
             self.held[record.sandbox] -= 1
         try:
             if done.refused is not None:
-                status, reason, issues = done.refused
-                raise _Refused(status, reason, issues)
+                raise done.refused
             preview = done.preview
             if done.broken is not None:
                 preview = no_preview(record.effect or "", done.broken)
@@ -238,7 +220,7 @@ class Admission:
                 protected = (UNKNOWN_PROTECTED,)  # fail closed: a person looks at it
             self.classify(record, batch, preview, protected)
         except Outcome as exc:
-            record = self.lifecycle.reject(record, exc, getattr(exc, "rule", None))
+            record = self.lifecycle.reject(record, exc)
             batch.answer.append(record)
             batch.answer.extend(self.lifecycle.settle_replays(record))
 
@@ -353,15 +335,6 @@ def _denial(verdict: Verdict) -> str:
     if verdict.rule.startswith("disabled:"):  # the kill switch's own sentence
         return verdict.reason
     return f"denied by policy ({verdict.rule}): {verdict.reason}"
-
-
-class _Refused(Outcome):
-    """The handler's own answer from work off the loop, replayed as an Outcome."""
-
-    def __init__(self, status: str, reason: str, issues: list[dict[str, str]]) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.issues = tuple(Issue(i["path"], i["code"], i["message"]) for i in issues)
 
 
 def _safe_to_repeat(effect: Effect, record: Record, config: Config) -> bool:

@@ -221,8 +221,8 @@ def call(effect: Effect, record: Record, config: Config, marks: StartMarks) -> A
             raise TypeError(f"{effect.name}.apply returned {type(output).__name__}, not a dict")
         return Applied(record.key, "applied", None, output)
     except Outcome as exc:
-        issues = [i.to_json() for i in getattr(exc, "issues", ())]
-        return Applied(record.key, exc.status, exc.reason, None, issues)  # type: ignore[arg-type]
+        issues = [i.to_json() for i in exc.issues]
+        return Applied(record.key, exc.status, exc.reason, None, issues)
     except Exception:
         log.exception("handler for %s/%s raised", record.sandbox, record.id)
         return Applied(

@@ -132,8 +132,7 @@ def assess(
             protected, wanted = effect.protected_for(params, ctx), True
         preview = preview_of(effect, params, ctx, record) if wanted else None
     except EffectFailed as exc:
-        issues = [i.to_json() for i in getattr(exc, "issues", ())]
-        return Assessed(record.key, record.sha256 or "", refused=(exc.status, exc.reason, issues))  # type: ignore[arg-type]
+        return Assessed(record.key, record.sha256 or "", refused=exc)
     except Exception:
         log.exception("assessing %s/%s failed", record.sandbox, record.id)
         return Assessed(

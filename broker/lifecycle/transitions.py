@@ -31,7 +31,7 @@ from broker import clock
 from broker import staged as staging
 from broker.audit.log import event as audit_event
 from broker.clock import REAL, Clock
-from broker.errors import IllegalTransition, Outcome
+from broker.errors import IllegalTransition, Outcome, PolicyDenied
 from broker.models import TERMINAL, Record, State, Verdict
 from broker.store.base import Store
 
@@ -98,15 +98,15 @@ class Lifecycle:
         """The request was read: its first audit event (its row comes with its verdict)."""
         self.audit("received", record, name=record.name)
 
-    def reject(self, record: Record, exc: Outcome, rule: str | None = None) -> Record:
+    def reject(self, record: Record, exc: Outcome) -> Record:
         """A protocol or schema violation (invalid), or a policy refusal (denied)."""
         stamp = clock.iso(self.clock.now())
-        issues = [i.to_json() for i in getattr(exc, "issues", ())]
+        issues = [i.to_json() for i in exc.issues]
+        rule = exc.rule if isinstance(exc, PolicyDenied) else None
         by = "policy" if rule is not None else None
-        told: dict[str, Any] = {}  # a policy denial's verdict and facts (admission.PolicyDenied)
-        said: Verdict | None = getattr(exc, "verdict", None)
-        if said is not None:
-            told = {"verdict": said.to_json(), "facts": getattr(exc, "facts", None)}
+        told: dict[str, Any] = {}  # what the policy said and was told, for replay
+        if isinstance(exc, PolicyDenied) and exc.verdict is not None:
+            told = {"verdict": exc.verdict.to_json(), "facts": exc.facts}
         record = self._move(
             record,
             **told,

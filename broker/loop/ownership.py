@@ -31,7 +31,7 @@ from typing import Any
 
 from broker import clock
 from broker.clock import REAL
-from broker.errors import BrokerError, LeaseLost, StateBusy
+from broker.errors import BrokerError, LeaseLost, OwnerGone, StateBusy
 from broker.events import Control, Event
 from broker.store.base import Lease
 
@@ -258,10 +258,6 @@ def _lines(sock: socket.socket) -> Iterator[Any]:
 
 
 # -- a client: `broker run` beside a running owner -------------------------------------
-
-
-class OwnerGone(BrokerError):
-    """The owner closed the control connection (it stopped or died)."""
 
 
 class ControlClient:

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Request
 
 from broker.approval.card import Narrowing
+from broker.approval.decisions import Ballot
 from broker.clock import parse_duration
 from broker.errors import BrokerError, RequestNotFound
 from broker.models import Record, now
@@ -190,14 +191,9 @@ def decide(
     if body.verdict == "deny" and reason is None:
         raise ApiError(422, "reason_required", "a denial needs a reason: the agent reads it")
     try:
-        outcome = inbox.decide(
-            sandbox,
-            request_id,
-            body.verdict,
-            approver=who.approver,
-            reason=reason,
-            sha256=body.request_sha256,
-            surface=who.surface,
+        ref = f"{sandbox}/{request_id}"
+        tally = inbox.decide(
+            Ballot(ref, body.verdict, who.approver, reason, who.surface, body.request_sha256)
         )
         card = inbox.card(sandbox, request_id)
     except RequestNotFound as exc:
@@ -205,9 +201,9 @@ def decide(
     except Refused as exc:
         raise ApiError(409, exc.code, exc.message) from exc
     return {
-        "settled": outcome.settled,
-        "approvals": outcome.approvals,
-        "needed": outcome.needed,
+        "settled": tally.settled,
+        "approvals": tally.approvals,
+        "needed": tally.needed,
         "request": card,
     }
 

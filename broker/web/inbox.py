@@ -15,6 +15,7 @@ from typing import Any, Literal, get_args
 
 from broker.approval import decisions as approval
 from broker.approval.card import Narrowing, extend
+from broker.approval.decisions import Ballot, Tally
 from broker.clock import now, parse_iso
 from broker.config import Config
 from broker.errors import DecisionError, RequestNotFound
@@ -199,35 +200,15 @@ class Inbox:
 
     # -- deciding ------------------------------------------------------------------
 
-    def decide(
-        self,
-        sandbox: str,
-        request_id: str,
-        verdict: str,
-        *,
-        approver: str,
-        reason: str | None,
-        sha256: str,
-        surface: str,
-    ) -> approval.Outcome:
-        """Record `approver`'s verdict, then flush the audit log and nudge the broker."""
-        ref = f"{sandbox}/{request_id}"
+    def decide(self, ballot: Ballot) -> Tally:
+        """Record the ballot, then flush the audit log and nudge the broker."""
         with self.ledger() as ledger:
             try:
-                return approval.decide_and_wake(
-                    self.config,
-                    ledger,
-                    ref,
-                    verdict,
-                    approver=approver,
-                    reason=reason,
-                    surface=surface,
-                    sha256=sha256,
-                )
+                return approval.decide_and_wake(self.config, ledger, ballot)
             except RequestNotFound:
                 raise
             except DecisionError as exc:
-                raise Refused(_why(ledger, ref, approver, sha256), str(exc)) from exc
+                raise Refused(_why(ledger, ballot), str(exc)) from exc
 
     def decide_many(
         self,
@@ -248,12 +229,11 @@ class Inbox:
                 outcomes.append(Picked(pick, False, code="duplicate", message="listed twice"))
                 continue
             seen.add(key)
-            outcomes.append(self._decide_one(pick, verdict, approver, reason, surface))
+            ballot = Ballot(pick.ref, verdict, approver, reason, surface, pick.sha256)
+            outcomes.append(self._decide_one(pick, ballot))
         return outcomes
 
-    def _decide_one(
-        self, pick: Pick, verdict: str, approver: str, reason: str | None, surface: str
-    ) -> Picked:
+    def _decide_one(self, pick: Pick, ballot: Ballot) -> Picked:
         with self.ledger() as ledger:
             record = ledger.get(pick.sandbox, pick.id)
         if record is None:
@@ -269,30 +249,22 @@ class Inbox:
                 status=record.state,
             )
         try:
-            outcome = self.decide(
-                pick.sandbox,
-                pick.id,
-                verdict,
-                approver=approver,
-                reason=reason,
-                sha256=pick.sha256,
-                surface=surface,
-            )
+            tally = self.decide(ballot)
         except RequestNotFound as exc:
             return Picked(pick, False, code="not_found", message=str(exc))
         except Refused as exc:
             return Picked(pick, False, code=exc.code, message=exc.message, status=record.state)
-        return Picked(pick, True, outcome.settled, status=outcome.record.state)
+        return Picked(pick, True, tally.settled, status=tally.record.state)
 
 
-def _why(ledger: Store, ref: str, approver: str, sha256: str) -> str:
+def _why(ledger: Store, ballot: Ballot) -> str:
     """The refusal's code, read back from the ledger."""
-    record = ledger.find(ref)
+    record = ledger.find(ballot.ref)
     if record.state != "pending":
         return "not_pending"
-    seen = sha256.strip().lower()
+    seen = (ballot.sha256 or "").strip().lower()
     if len(seen) < 12 or not (record.sha256 or "").startswith(seen):
         return "stale"
-    if any(d.approver == approver for d in ledger.decisions(*record.key)):
+    if any(d.approver == ballot.approver for d in ledger.decisions(*record.key)):
         return "already_decided"
     return "refused"

@@ -22,6 +22,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from broker.approval.decisions import Ballot
 from broker.clock import REAL, Clock
 from broker.errors import BrokerError, RequestNotFound
 from broker.slack import messages
@@ -93,7 +94,9 @@ class SlackCallback:
                 view = messages.deny_view({**card, "request_sha256": sha256}, channel, ts)
                 self.api.call("views.open", {"trigger_id": payload.get("trigger_id"), "view": view})
                 return
-            self._decide(card, "approve", approver, None, sha256, channel, ts)
+            self._decide(
+                card, Ballot(card["ref"], "approve", approver, None, "slack", sha256), channel, ts
+            )
         except Unusable as exc:
             self._tell(reply, str(exc))
         except BrokerError as exc:
@@ -116,7 +119,9 @@ class SlackCallback:
             sandbox, request_id, sha256 = _target(json.dumps(meta))
             card = self._card(sandbox, request_id)
             channel, ts = str(meta.get("channel") or ""), str(meta.get("ts") or "")
-            self._decide(card, "deny", approver, reason, sha256, channel, ts)
+            self._decide(
+                card, Ballot(card["ref"], "deny", approver, reason, "slack", sha256), channel, ts
+            )
         except (Unusable, ValueError, AttributeError) as exc:
             problem = str(exc) if isinstance(exc, Unusable) else "This dialog was not understood."
             return JSONResponse({"response_action": "errors", "errors": {"reason": problem}})
@@ -152,27 +157,10 @@ class SlackCallback:
             )
         return card
 
-    def _decide(
-        self,
-        card: dict[str, Any],
-        verdict: str,
-        approver: str,
-        reason: str | None,
-        sha256: str,
-        channel: str,
-        ts: str,
-    ) -> None:
+    def _decide(self, card: dict[str, Any], ballot: Ballot, channel: str, ts: str) -> None:
         sandbox, request_id = card["sandbox"], card["id"]
         try:
-            self.inbox.decide(
-                sandbox,
-                request_id,
-                verdict,
-                approver=approver,
-                reason=reason,
-                sha256=sha256,
-                surface="slack",
-            )
+            self.inbox.decide(ballot)
         except Refused as exc:
             raise Unusable(f"Not recorded: {messages.esc(exc.message)}") from exc
         if channel and ts:

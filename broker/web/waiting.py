@@ -13,6 +13,7 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 
 from broker.approval.card import Narrowing, output_text
+from broker.approval.decisions import Ballot
 from broker.errors import RequestNotFound
 from broker.web import html as render
 from broker.web.auth import Identity, same_secret
@@ -220,15 +221,10 @@ def decide(
     if problem is not None:
         return _request_page(pages, request, who, sandbox, request_id, None, problem, 422)
     try:
-        pages.inbox.decide(
-            sandbox,
-            request_id,
-            verdict,
-            approver=who.approver,
-            reason=said,
-            sha256=request_sha256,
-            surface="web",
+        ballot = Ballot(
+            f"{sandbox}/{request_id}", verdict, who.approver, said, "web", request_sha256
         )
+        pages.inbox.decide(ballot)
     except RequestNotFound as exc:
         return pages.error(request, 404, "No such request", str(exc))
     except Refused as exc:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from broker.approval import decisions as approval
+from broker.approval.decisions import Ballot
 from broker.audit.log import AuditLog, flush
 from broker.faults import FAULT_POINTS
 from broker.lifecycle import undo
@@ -197,12 +198,14 @@ def approve(site: Site, ref: str) -> None:
     try:
         approval.decide(
             ledger,
-            ref,
-            "approve",
-            approver="crash-suite",
-            reason="checked after the restart",
-            surface="cli",
-            sha256=None,
+            Ballot(
+                ref,
+                "approve",
+                approver="crash-suite",
+                reason="checked after the restart",
+                surface="cli",
+                sha256=None,
+            ),
         )
         flush(ledger, AuditLog(site.state / "audit.jsonl"))
     finally:

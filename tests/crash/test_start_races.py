@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from broker.approval import decisions as approval
+from broker.approval.decisions import Ballot
 from broker.audit.log import AuditLog, flush
 from broker.loop.pipeline import Broker
 from broker.store.sqlite import Ledger
@@ -35,12 +36,14 @@ def test_decision_taken_while_the_broker_starts_is_applied_promptly(
         try:
             approval.decide(
                 ledger,
-                doc["id"],
-                "approve",
-                approver="ops",
-                reason="looked at it",
-                surface="cli",
-                sha256=None,
+                Ballot(
+                    doc["id"],
+                    "approve",
+                    approver="ops",
+                    reason="looked at it",
+                    surface="cli",
+                    sha256=None,
+                ),
             )
             flush(ledger, AuditLog(h.config.audit_path))
         finally:

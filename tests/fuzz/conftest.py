@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from broker.approval import decisions as approval
+from broker.approval.decisions import Ballot
 from broker.audit.log import AuditLog, flush
 from broker.config import Config, Limits
 from broker.events import Rescan
@@ -126,12 +127,14 @@ class Driver:
         try:
             approval.decide(
                 ledger,
-                f"default/{request_id}",
-                verdict,
-                approver="fuzz-person",
-                reason="the model said so",
-                surface="cli",
-                sha256=None,
+                Ballot(
+                    f"default/{request_id}",
+                    verdict,
+                    approver="fuzz-person",
+                    reason="the model said so",
+                    surface="cli",
+                    sha256=None,
+                ),
                 now=self.clock,
             )
             flush(ledger, AuditLog(self.config.audit_path))

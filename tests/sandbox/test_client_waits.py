@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from broker.approval.decisions import decide_and_wake
+from broker.approval.decisions import Ballot, decide_and_wake
 from broker.audit import log as audit
 from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness, FakeHandler
@@ -75,12 +75,7 @@ def approve(h: BrokerHarness, rid: str) -> None:
         decide_and_wake(
             h.config,
             ledger,
-            rid,
-            "approve",
-            approver="ana",
-            reason=None,
-            surface="cli",
-            sha256=None,
+            Ballot(rid, "approve", approver="ana", reason=None, surface="cli", sha256=None),
         )
     finally:
         ledger.close()

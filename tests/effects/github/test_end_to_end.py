@@ -6,7 +6,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from broker.approval.decisions import card, decide, nudge
+from broker.approval.decisions import Ballot, card, decide, nudge
 from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness
 from tests.effects.github.support import REPO, TOKEN, Hub, pr
@@ -94,12 +94,14 @@ def test_agent_pushes_asks_for_a_pr_and_a_person_approves(hub: Hub, tmp_path: Pa
             sha = pending["request_sha256"]
             decide(
                 ledger,
-                request["id"],
-                "approve",
-                approver="ops",
-                reason="read",
-                surface="web",
-                sha256=sha,
+                Ballot(
+                    request["id"],
+                    "approve",
+                    approver="ops",
+                    reason="read",
+                    surface="web",
+                    sha256=sha,
+                ),
             )
         finally:
             ledger.close()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.approval.decisions import decide, nudge
+from broker.approval.decisions import Ballot, decide, nudge
 from broker.context import Memo
 from broker.errors import EffectFailed
 from broker.store.sqlite import Ledger
@@ -118,12 +118,14 @@ def test_the_broker_keeps_what_was_seen_until_the_request_ends(hub: Hub, tmp_pat
             sha = pending["request_sha256"]
             decide(
                 ledger,
-                request["id"],
-                "approve",
-                approver="ops",
-                reason="read",
-                surface="web",
-                sha256=sha,
+                Ballot(
+                    request["id"],
+                    "approve",
+                    approver="ops",
+                    reason="read",
+                    surface="web",
+                    sha256=sha,
+                ),
             )
         finally:
             ledger.close()

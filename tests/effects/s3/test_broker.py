@@ -6,7 +6,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker.approval.decisions import decide, nudge
+from broker.approval.decisions import Ballot, decide, nudge
 from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness
 from effects import s3
@@ -23,7 +23,10 @@ if TYPE_CHECKING:
 def _decide(h: BrokerHarness, rid: str) -> None:
     ledger = Ledger(h.config.ledger_path)
     try:
-        decide(ledger, rid, "approve", approver="alice", reason=None, surface="web", sha256=None)
+        decide(
+            ledger,
+            Ballot(rid, "approve", approver="alice", reason=None, surface="web", sha256=None),
+        )
     finally:
         ledger.close()
         nudge(h.state)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from broker.approval.decisions import decide, nudge
+from broker.approval.decisions import Ballot, decide, nudge
 from broker.context import Memo
 from broker.errors import EffectFailed
 from broker.store.sqlite import Ledger
@@ -138,7 +138,8 @@ def test_the_broker_keeps_what_the_approver_saw_until_the_request_ends(
         try:
             pending = ledger.find(doc["id"])
             decide(
-                ledger, doc["id"], "approve", approver="a", reason=None, surface="web", sha256=None
+                ledger,
+                Ballot(doc["id"], "approve", approver="a", reason=None, surface="web", sha256=None),
             )
         finally:
             ledger.close()
