@@ -38,13 +38,14 @@ from broker.faults import fault
 from broker.intake import claims as intake
 from broker.intake.outbox import Outbox, Served
 from broker.lifecycle.admission import Admission
-from broker.lifecycle.apply import Workers, call
+from broker.lifecycle.apply import Workers
 from broker.lifecycle.assessing import Assessments
 from broker.lifecycle.batch import Batch
 from broker.lifecycle.marks import StartMarks
 from broker.lifecycle.results import Answers
 from broker.lifecycle.transitions import Lifecycle
 from broker.loop import catalogue, recovery
+from broker.loop.aftercommit import AfterCommit
 from broker.loop.deadlines import Deadlines
 from broker.loop.fairness import Backlog
 from broker.loop.handover import Handover, has_requests
@@ -52,7 +53,6 @@ from broker.loop.outage import Kept, Outage
 from broker.loop.ownership import ControlServer, StateLock
 from broker.loop.wakeup import Stages
 from broker.masking import Redactor, mask_logs
-from broker.models import Record
 from broker.policy.ruleset import Policy
 from broker.registry import Registry
 from broker.store.base import Listener, Store
@@ -90,28 +90,26 @@ class Broker:
         self.claims = intake.Claims(config.limits, validator, config.state_dir, clock)
         self.admission = Admission(config, registry, policy, validator, self.lifecycle)
         self.started = StartMarks(config.state_dir / "started")
-        self.stages = Stages(self.ledger, self.lifecycle, self.claims, self.admission, self.apply)
         self.audit = self.ledger.audit_sink(
             audit_log(config), checkpoints_for(config, clock), clock
         )
-        # published into each results dir; what the handlers declare is kept in the state
-        # dir, so a start imports only the handlers it uses
-        self.catalogue = catalogue.render(registry, policy, config.state_dir / "effects.cache")
-        self.served = Served(
-            config.state_dir / "control",
-            lambda box: catalogue.publish(box.results_fd, self.catalogue, box.sandbox),
-            host=self.ledger.host,  # with a shared store: HOST.SANDBOX
-        )
+        self.catalogue, self.served = self._published(config, registry, policy)
         self.answers = Answers(self.served)
         self.events: queue.Queue[Event] = queue.Queue()
         self.backlog = Backlog()
-        self._workers = Workers(threads=workers, clock=clock)
         self.assessments = Assessments(
             config, registry, policy, self.events, workers, self.admission.controls, clock
         )
-        self._in_flight: set[tuple[str, str]] = set()
         self.deadlines = Deadlines(clock)
         self.consumed = intake.Consumed(clock)
+        pool = Workers(threads=workers, clock=clock)
+        self.after = AfterCommit(
+            *(config, registry, self.ledger, self.answers, self.audit, self.started),
+            *(self.deadlines, self.consumed, pool, self.assessments, self.events),
+        )
+        self.stages = Stages(
+            self.ledger, self.lifecycle, self.claims, self.admission, self.after.apply
+        )
         self.on_change = self.answers.observers
         self.on_rescan: list[Callable[[str], None]] = []  # "rescan", "restart": for metrics
         self.notifier: Notifier | None = None
@@ -123,8 +121,20 @@ class Broker:
         self.handover = Handover(self.served, config.sandboxes_dir)
         self.on_change.append(self.handover.tell)
         self._control_server: ControlServer | None = None
-        self._closing = False
         clock.on_advance(self.wake)  # time moved on: look at the deadlines now
+
+    def _published(
+        self, config: Config, registry: Registry, policy: Policy
+    ) -> tuple[bytes, Served]:
+        """The effect catalogue, and the outboxes it is published into: what the handlers
+        declare is kept in the state dir, so a start imports only the handlers it uses."""
+        document = catalogue.render(registry, policy, config.state_dir / "effects.cache")
+        served = Served(
+            config.state_dir / "control",
+            lambda box: catalogue.publish(box.results_fd, document, box.sandbox),
+            host=self.ledger.host,  # with a shared store: HOST.SANDBOX
+        )
+        return document, served
 
     @property
     def outboxes(self) -> dict[str, Outbox]:
@@ -156,21 +166,7 @@ class Broker:
         drain: bool = False,
     ) -> None:
         """Recover, scan, then process events until `stop` is set (then drain, if asked)."""
-        if not self.lock.held:
-            self.lock.acquire(self.command)
-        # listening from the start: what other processes ask waits on the queue meanwhile
-        self._control_server = ControlServer(self.config.state_dir, self.events)
-        self._control_server.start()
-        # decisions others commit on this host's requests wake the loop (shared store)
-        self._listener = self.ledger.listen(lambda: self.events.put(Reload()))
-        # a store gone between the lock and here is waited out too; its end reloads them
-        self.outage.attempt(self.admission.controls.refresh, False, Kept(recover=True))
-        if not self.outage.active:
-            self._recover()
-        self.served.watch(self.events)
-        # now that every watch is in place: read what is there and reload decisions
-        # taken while we started (their nudges may have come before the watches)
-        self.events.put(Rescan())
+        self._start()
         if ready:
             ready()
         next_rescan = self.clock.monotonic() + self.config.rescan_interval_s
@@ -202,6 +198,24 @@ class Broker:
         finally:
             self.close()
 
+    def _start(self) -> None:
+        """Take the state dir, listen, recover, watch, and queue the first scan."""
+        if not self.lock.held:
+            self.lock.acquire(self.command)
+        # listening from the start: what other processes ask waits on the queue meanwhile
+        self._control_server = ControlServer(self.config.state_dir, self.events)
+        self._control_server.start()
+        # decisions others commit on this host's requests wake the loop (shared store)
+        self._listener = self.ledger.listen(lambda: self.events.put(Reload()))
+        # a store gone between the lock and here is waited out too; its end reloads them
+        self.outage.attempt(self.admission.controls.refresh, False, Kept(recover=True))
+        if not self.outage.active:
+            self._recover()
+        self.served.watch(self.events)
+        # now that every watch is in place: read what is there and reload decisions
+        # taken while we started (their nudges may have come before the watches)
+        self.events.put(Rescan())
+
     def drain(self, timeout: float = 30.0) -> None:
         """Process what is in the outboxes and wait for applies in flight."""
         end = REAL.monotonic() + timeout  # real time: it waits for real work to end
@@ -211,7 +225,7 @@ class Broker:
             items.extend(self._overdue())
             self.step(items)
             if (
-                not self._in_flight
+                not self.after.in_flight
                 and not self.assessments
                 and self.events.empty()
                 and not self.backlog
@@ -236,9 +250,9 @@ class Broker:
         if self._listener is not None:
             self._listener.close()
             self._listener = None
-        self._closing = True  # what is still to apply or assess waits for the next start
+        self.after.closing = True  # what is still to apply or assess waits for the next start
         self.assessments.shutdown()
-        self._workers.shutdown(wait=True)
+        self.after.workers.shutdown(wait=True)
         while items := self._take(0):  # applies that finished during shutdown
             self.step(items)
         self.consumed.purge()
@@ -293,7 +307,7 @@ class Broker:
         ]
         batch = Batch()
         try:
-            self._commit(work, reload, batch)
+            self.stages.run(work, reload, batch, self.after)
         except StoreUnavailable as exc:  # nothing of it is observable: it is done again
             self.outage.begin(exc, work)
             return
@@ -305,10 +319,14 @@ class Broker:
             log.warning("a wake-up's commit failed (%s); trying it statement by statement", exc)
             self.answers.written.extend(work.written)
             batch = Batch()
-            with self.ledger.careful():
-                self._commit(work, reload, batch)
+            try:
+                with self.ledger.careful():
+                    self.stages.run(work, reload, batch, self.after)
+            except StoreUnavailable as exc:  # the store went away meanwhile: wait it out
+                self.outage.begin(exc, work)
+                return
         fault("after_commit")
-        self._after_commit(batch)
+        self.after.run(batch)
 
     def _sort(self, items: Iterable[Event]) -> tuple[Kept, dict[tuple[str, str], Outbox], bool]:
         """A wake-up's events: the work for its transaction, the files to claim, and
@@ -338,84 +356,12 @@ class Broker:
                 self._control(item)
         return work, files, reload
 
-    def _commit(self, work: Kept, reload: bool, batch: Batch) -> None:
-        """The wake-up's one transaction (group commit)."""
-        with self.ledger.transaction():
-            # a kill switch or an accepted rule holds from this request on; a deadline
-            # is judged on the switches committed, not on whether their nudge came yet
-            if reload or work.due:
-                self.admission.controls.refresh()
-            work.written = self._mark_synced()
-            self.ledger.prefetch(  # the rows this wake-up reads, at once (a shared store)
-                [(b.sandbox, n.removesuffix(".json")) for b, n, w in work.claimed if w]
-                + [d.key for d in work.done]
-                + [a.key for a in work.assessed]
-                + work.due
-            )
-            for box, name, where in work.claimed:
-                if where is not None:
-                    self.stages.intake(box, name, where, batch)
-            for item in work.done:
-                self._in_flight.discard(item.key)
-                self.stages.finish(item, batch)
-            for back in work.assessed:
-                self.stages.resume(back, batch)
-            for sandbox, request_id in work.due:
-                self.stages.expire(sandbox, request_id, batch)
-            if reload:
-                recovery.reload(self.ledger, self.lifecycle, batch, self.admission.controls)
-            fault("before_commit")
-
-    def _after_commit(self, batch: Batch) -> None:
-        for box, name in batch.remove:
-            if name in batch.urgent:
-                intake.remove(box, name)
-            else:
-                self.consumed.add(box, name)
-        fault("before_results")
-        for record in batch.answer:
-            self.answers.write(record)
-        fault("before_audit")
-        self.audit.flush()
-        fault("after_audit")
-        for record in batch.settled:
-            self.started.clear(record)
-        for record in batch.deadlines:
-            self.deadlines.watch(record)
-        for record in batch.apply:
-            self._submit(record)
-        for record in batch.assess:
-            if not self._closing:
-                self.assessments.submit(record)
-
-    def _mark_synced(self) -> list[tuple[str, str, str]]:
-        written = self.answers.take_written()
-        if written:
-            self.ledger.mark_synced(written)
-        durable = self.audit.take_durable()
-        if durable:
-            self.ledger.drop_audit(*durable)
-        return written
-
     def _overdue(self) -> list[Event]:
         """Held requests whose work off the loop ran out of time (while the store answers)."""
         if self.outage.active:
             return []
         none: list[Assessed] = []
         return list(self.outage.attempt(lambda: self.assessments.overdue(self.ledger), none))
-
-    # -- applying -----------------------------------------------------------------------
-
-    def apply(self, record: Record) -> Applied:
-        """The one call into a handler (inline, or on a worker)."""
-        return call(self.registry.effect(record.effect or ""), record, self.config, self.started)
-
-    def _submit(self, record: Record) -> None:
-        if record.key in self._in_flight or self._closing:
-            return
-        self._in_flight.add(record.key)
-        self.registry.effect(record.effect or "")  # an unknown effect fails here, not there
-        self._workers.submit(record.sandbox, lambda: self.events.put(self.apply(record)))
 
     # -- recovery and control -----------------------------------------------------------
 
@@ -424,18 +370,9 @@ class Broker:
         files, applies, results, audit, deadlines, held requests."""
         if not self.lock.held:
             self.lock.acquire(self.command)
-        batch = Batch()
         boxes = list(self.served.boxes.values())
-        with self.ledger.transaction():
-            recovery.claimed(boxes, self.stages.intake, batch)
-            recovery.applies(
-                self.ledger, self.lifecycle, self.registry, self.config, self.started, batch
-            )
-            recovery.reload(self.ledger, self.lifecycle, batch)
-            recovery.missing_results(self.ledger, boxes, batch)
-            recovery.deadlines(self.ledger, batch)
-            recovery.held(self.ledger, self.admission, batch)
-        self._after_commit(batch)
+        parts = (self.stages.intake, self.lifecycle, self.registry, self.config, self.started)
+        self.after.run(recovery.resume(self.ledger, boxes, *parts, self.admission))
 
     def _recover(self, work: Kept | None = None) -> bool:
         """`recover`, or an outage that runs it again once the store answers."""
@@ -463,5 +400,5 @@ class Broker:
             has_requests(box.names())
             or self.backlog.holds(str(box.outbox))
             or self.assessments.busy(sandbox)
-            or any(key[0] == sandbox for key in self._in_flight)
+            or self.after.busy(sandbox)
         )

@@ -106,3 +106,27 @@ def held(ledger: Store, admission: Admission, batch: Batch) -> None:
 def deadlines(ledger: Store, batch: Batch) -> None:
     """Every pending request's deadline is watched again."""
     batch.deadlines.extend(ledger.in_states(["pending"]))
+
+
+def resume(
+    ledger: Store,
+    boxes: list[Outbox],
+    intake: Intake,
+    lifecycle: Lifecycle,
+    registry: Registry,
+    config: Config,
+    started: StartMarks,
+    admission: Admission,
+) -> Batch:
+    """Everything a start resumes, in one transaction: claimed files read again,
+    approved and interrupted applies, decisions taken meanwhile, lost result files,
+    deadlines, held requests. The Batch is for the loop to do after the commit."""
+    batch = Batch()
+    with ledger.transaction():
+        claimed(boxes, intake, batch)
+        applies(ledger, lifecycle, registry, config, started, batch)
+        reload(ledger, lifecycle, batch)
+        missing_results(ledger, boxes, batch)
+        deadlines(ledger, batch)
+        held(ledger, admission, batch)
+    return batch

@@ -12,11 +12,15 @@ import logging
 from collections.abc import Callable
 
 from broker.events import Applied, Assessed
+from broker.faults import fault
 from broker.intake.claims import Claims
 from broker.intake.outbox import Outbox
 from broker.lifecycle.admission import Admission
 from broker.lifecycle.batch import Batch
 from broker.lifecycle.transitions import Lifecycle
+from broker.loop import recovery
+from broker.loop.aftercommit import AfterCommit
+from broker.loop.outage import Kept
 from broker.models import Record
 from broker.store.base import Store
 
@@ -39,6 +43,35 @@ class Stages:
         self.claims = claims
         self.admission = admission
         self.apply = apply  # the one call into a handler, for inline applies
+
+    def run(self, work: Kept, reload: bool, batch: Batch, after: AfterCommit) -> None:
+        """The wake-up's one transaction (group commit): every item it brought, each
+        stage filling `batch` for `after` to do once it has committed."""
+        with self.ledger.transaction():
+            # a kill switch or an accepted rule holds from this request on; a deadline
+            # is judged on the switches committed, not on whether their nudge came yet
+            if reload or work.due:
+                self.admission.controls.refresh()
+            work.written = after.mark_synced()
+            self.ledger.prefetch(  # the rows this wake-up reads, at once (a shared store)
+                [(b.sandbox, n.removesuffix(".json")) for b, n, w in work.claimed if w]
+                + [d.key for d in work.done]
+                + [a.key for a in work.assessed]
+                + work.due
+            )
+            for box, name, where in work.claimed:
+                if where is not None:
+                    self.intake(box, name, where, batch)
+            for item in work.done:
+                after.in_flight.discard(item.key)
+                self.finish(item, batch)
+            for back in work.assessed:
+                self.resume(back, batch)
+            for sandbox, request_id in work.due:
+                self.expire(sandbox, request_id, batch)
+            if reload:
+                recovery.reload(self.ledger, self.lifecycle, batch, self.admission.controls)
+            fault("before_commit")
 
     def intake(self, box: Outbox, name: str, where: str, batch: Batch) -> None:
         """Read and admit one claimed file; a bug leaves it in the claim dir."""
