@@ -149,3 +149,26 @@ def write(box: Path, rid: str) -> None:
     doc["params"] = {"path": f"{rid}.txt", "content": rid}
     (box / "outbox" / f".{rid}.tmp").write_text(json.dumps(doc))
     os.rename(box / "outbox" / f".{rid}.tmp", box / "outbox" / f"{rid}.json")
+
+
+def test_a_state_dir_too_deep_for_a_unix_socket_path_is_served(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """A state dir whose control socket's path is longer than AF_UNIX's 108 bytes (a
+    deep home, a CI runner's work dir) is served all the same: its requests are answered
+    and another process reaches the owner through the socket."""
+    site = Site(tmp_path / ("d" * 60) / ("e" * 60) / "site", receiver.url, policy=POLICY)
+    assert len(os.fsencode(str(ownership.socket_path(site.state)))) > 108
+    owner = site.start()
+    try:
+        doc = {"version": 1, "id": "deep", "effect": "crashtest.send", "params": {"value": "x"}}
+        site.write("deep.json", doc)
+        wait_for(lambda: "deep" in site.results_now(), 60, "the request answered")
+        client = ownership.connect(site.state, lambda _: None, wait_s=30)
+        assert client is not None, "the owner's control socket was not reached"
+        client.close()
+    finally:
+        code = owner.stop()
+    assert site.results_now()["deep"]["status"] == "applied"
+    assert receiver.count("default/deep")[0] == 1
+    assert code == 0, owner.output()

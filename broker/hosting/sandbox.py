@@ -268,6 +268,9 @@ def start(
     except docker.errors.DockerException as exc:
         remove(container)
         raise SandboxError(f"cannot start sandbox {paths.sandbox_id}: {exc}") from exc
+    except BaseException:  # a Ctrl-C mid-start: nobody else knows the container yet
+        remove(container)
+        raise
     return container
 
 

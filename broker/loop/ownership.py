@@ -138,6 +138,24 @@ def socket_path(state_dir: Path) -> Path:
     return state_dir / "control" / "broker.sock"
 
 
+UNIX_PATH_MAX = 107  # the kernel's sun_path holds 108 bytes, its NUL included
+
+
+@contextlib.contextmanager
+def unix_address(path: Path) -> Iterator[str]:
+    """An AF_UNIX address for `path` however deep the state dir is: past the kernel's
+    limit, its directory is opened and named through /proc/self/fd (Linux), which
+    bind and connect resolve to the directory itself."""
+    if len(os.fsencode(str(path))) <= UNIX_PATH_MAX:
+        yield str(path)
+        return
+    fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{fd}/{path.name}"
+    finally:
+        os.close(fd)
+
+
 # -- the owner's side -------------------------------------------------------------------
 
 
@@ -186,7 +204,8 @@ class ControlServer:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         old = os.umask(0o177)
         try:
-            sock.bind(str(self.path))
+            with unix_address(self.path) as address:
+                sock.bind(address)
         finally:
             os.umask(old)
         sock.listen(16)
@@ -271,7 +290,8 @@ class ControlClient:
     ) -> None:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
-            self._sock.connect(str(socket_path(state_dir)))
+            with unix_address(socket_path(state_dir)) as address:
+                self._sock.connect(address)
         except OSError:
             self._sock.close()
             raise
