@@ -102,10 +102,18 @@ class Broker:
         )
         self.deadlines = Deadlines(clock)
         self.consumed = intake.Consumed(clock)
-        pool = Workers(threads=workers, clock=clock)
         self.after = AfterCommit(
-            *(config, registry, self.ledger, self.answers, self.audit, self.started),
-            *(self.deadlines, self.consumed, pool, self.assessments, self.events),
+            config=config,
+            registry=registry,
+            ledger=self.ledger,
+            answers=self.answers,
+            audit=self.audit,
+            started=self.started,
+            deadlines=self.deadlines,
+            consumed=self.consumed,
+            workers=Workers(threads=workers, clock=clock),
+            assessments=self.assessments,
+            events=self.events,
         )
         self.stages = Stages(
             self.ledger, self.lifecycle, self.claims, self.admission, self.after.apply
@@ -371,8 +379,17 @@ class Broker:
         if not self.lock.held:
             self.lock.acquire(self.command)
         boxes = list(self.served.boxes.values())
-        parts = (self.stages.intake, self.lifecycle, self.registry, self.config, self.started)
-        self.after.run(recovery.resume(self.ledger, boxes, *parts, self.admission))
+        batch = recovery.resume(
+            self.ledger,
+            boxes,
+            intake=self.stages.intake,
+            lifecycle=self.lifecycle,
+            registry=self.registry,
+            config=self.config,
+            started=self.started,
+            admission=self.admission,
+        )
+        self.after.run(batch)
 
     def _recover(self, work: Kept | None = None) -> bool:
         """`recover`, or an outage that runs it again once the store answers."""
