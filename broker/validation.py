@@ -11,13 +11,14 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from functools import cache
 from pathlib import Path
-from typing import Any
-
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError
+from typing import TYPE_CHECKING, Any
 
 from broker.errors import Issue, Rejected
 from broker.names import ATTACHMENT_NAME, REQUEST_ID
+
+if TYPE_CHECKING:  # jsonschema loads with the first schema compiled, not with every command
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import ValidationError
 
 SCHEMA_DIRS = (
     Path(__file__).resolve().parent.parent / "schemas",  # a checkout or editable install
@@ -38,6 +39,7 @@ def load_schema(name: str) -> dict[str, Any]:
 
 def compile_schema(schema: Mapping[str, Any], where: str) -> Draft202012Validator:
     """Check a schema once, at start, and return its validator."""
+    from jsonschema import Draft202012Validator
     from jsonschema.exceptions import SchemaError
 
     try:

@@ -60,16 +60,36 @@ def install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Install:
 
 
 def test_builtin_handlers_load_only_when_asked_for() -> None:
-    """Making the registry imports no handler library; asking for an effect loads it."""
+    """Making the registry imports no handler; asking for an effect loads its handler."""
     code = (
         "import sys; from broker.registry import default_registry\n"
         "r = default_registry()\n"
-        "print(len(r), 'github' in sys.modules, 'boto3' in sys.modules)\n"
+        "print(len(r), 'effects.github' in sys.modules, 'effects.s3' in sys.modules)\n"
         "r.effect('github.issue.create')\n"
-        "print('github' in sys.modules, 'boto3' in sys.modules)\n"
+        "print('effects.github' in sys.modules, 'effects.s3' in sys.modules)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["14", "False", "False", "True", "False"]
+
+
+def test_client_libraries_load_with_the_first_call_not_with_the_handlers() -> None:
+    """Every handler loaded (as `broker effects`, a policy check and a start do) imports
+    no service client: PyGithub and boto3 load with the first call that needs them."""
+    clients = ("github", "requests", "jwt", "boto3", "botocore", "jsonschema")
+    code = (
+        "import sys; from broker.registry import default_registry\n"
+        "r = default_registry(); r.schemas(); r.effects()\n"
+        f"print(*[m for m in {clients!r} if m in sys.modules])\n"
+        "from effects.github.errors import github_reasons; github_reasons()\n"
+        "from effects.s3.clients import _make_clients\n"
+        "_make_clients('http://127.0.0.1:9', 'us-east-1', 'path', None, None, None)\n"
+        "print('github' in sys.modules, 'boto3' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded, called = done.stdout.splitlines()
+    # jsonschema checks each handler's schema as it registers; the clients wait
+    assert loaded.split() == ["jsonschema"]
+    assert called.split() == ["True", "True"]
 
 
 def test_a_lazy_entry_point_must_give_the_effect_it_is_named_for(install: Install) -> None:

@@ -8,13 +8,13 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
-from github import Github
-from github.GithubException import UnknownObjectException
-
 from broker.errors import EffectFailed
+
+if TYPE_CHECKING:
+    from github import Github
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -96,6 +96,8 @@ class Api:
     def branch_sha(self, branch: str) -> str | None:
         """The commit a branch points at, or None when there is no such branch."""
         # the ref is one path segment, slashes encoded, as GitHub's own SDK sends it
+        from github.GithubException import UnknownObjectException
+
         try:
             data = self._send("GET", "/git/ref/" + quote(f"heads/{branch}", safe=""))
         except UnknownObjectException:

@@ -1,6 +1,10 @@
 """The edge: PyGithub's and requests' exceptions become EffectFailed, in words an agent
-can act on. `_GITHUB_REASONS` maps every exception class PyGithub defines (the tests
-check it is complete); `_NETWORK_REASONS` every requests exception, most specific first.
+can act on. `github_reasons()` maps every exception class PyGithub defines (the tests
+check it is complete); `network_reasons()` every requests exception, most specific first.
+
+PyGithub and requests are imported when a GitHub call's exception is translated, not
+with this module: listing effects, loading a policy or starting a broker never pays
+for them (a third of a second).
 """
 
 from __future__ import annotations
@@ -8,24 +12,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
-
-import requests
-from github import GithubException
-from github.GithubException import (
-    BadAttributeException,
-    BadCredentialsException,
-    BadUserAgentException,
-    IncompletableObject,
-    RateLimitExceededExceedsMaxWait,
-    RateLimitExceededException,
-    TwoFactorException,
-    UnknownObjectException,
-)
+from functools import cache
+from typing import TYPE_CHECKING
 
 from broker.errors import EffectFailed
 from effects.github.text import CONTROL
 
-Reason = Callable[[GithubException, str], str]
+if TYPE_CHECKING:
+    import requests
+    from github import GithubException
+
+Reason = Callable[["GithubException", str], str]
 
 
 def _said(exc: GithubException) -> str:
@@ -57,16 +54,16 @@ def _by_status(exc: GithubException, doing: str) -> str:
     status = exc.status
     said = _said(exc)
     if status == 401:
-        return _GITHUB_REASONS[BadCredentialsException](exc, doing)
+        return _bad_credentials(exc, doing)
     if status == 403 or status == 429:
         if status == 429 or "rate limit" in said.lower():
-            return _GITHUB_REASONS[RateLimitExceededException](exc, doing)
+            return _rate_limited(exc, doing)
         return (
             f"failed: GitHub refused {doing} (403: {said}); the host's credentials lack the "
             "permission, or the repository forbids it; ask the operator, or ask for less"
         )
     if status == 404:
-        return _GITHUB_REASONS[UnknownObjectException](exc, doing)
+        return _not_found(exc, doing)
     if status == 409:
         return f"failed: GitHub reports a conflict {doing} (409: {said}); check the repo's state"
     if status == 410:
@@ -102,84 +99,107 @@ def _not_found(exc: GithubException, doing: str) -> str:
     )
 
 
-_GITHUB_REASONS: dict[type[GithubException], Reason] = {
-    GithubException: _by_status,
-    BadCredentialsException: _bad_credentials,
-    UnknownObjectException: _not_found,
-    RateLimitExceededException: _rate_limited,
-    RateLimitExceededExceedsMaxWait: _rate_limited,
-    BadUserAgentException: lambda exc, doing: (
-        f"failed: GitHub refused the broker's User-Agent {doing} ({_said(exc)}); ask the operator"
-    ),
-    TwoFactorException: lambda exc, doing: (
-        f"failed: GitHub asks for a one-time password {doing}: the host is configured with a "
-        "password, not a token or an App; ask the operator"
-    ),
-    IncompletableObject: lambda exc, doing: (
-        f"failed: GitHub's answer {doing} lacked the URL needed to go on ({_said(exc)})"
-    ),
-}
-"""Every exception class PyGithub defines, by exact class (the tests check it is complete)."""
+@cache
+def github_reasons() -> dict[type[GithubException], Reason]:
+    """Every exception class PyGithub defines, by exact class (the tests check it is
+    complete)."""
+    from github import GithubException
+    from github.GithubException import (
+        BadCredentialsException,
+        BadUserAgentException,
+        IncompletableObject,
+        RateLimitExceededExceedsMaxWait,
+        RateLimitExceededException,
+        TwoFactorException,
+        UnknownObjectException,
+    )
 
-_NETWORK_REASONS: tuple[tuple[type[requests.RequestException], str], ...] = (
-    (requests.exceptions.SSLError, "the TLS handshake with {url} failed; ask the operator"),
-    (
-        requests.exceptions.ConnectTimeout,
-        "{url} did not accept a connection in time; try again later",
-    ),
-    (
-        requests.exceptions.ReadTimeout,
-        "{url} did not answer in time; it may or may not have happened: check before "
-        "sending the request again",
-    ),
-    (
-        requests.exceptions.ProxyError,
-        "the host's proxy refused the connection to {url}; ask the operator",
-    ),
-    (
-        requests.exceptions.ConnectionError,
-        "cannot connect to {url} from the host; try again later",
-    ),
-    (
-        requests.exceptions.RetryError,
-        "{url} kept failing after retries; try again later",
-    ),
-    (
-        requests.exceptions.ChunkedEncodingError,
-        "the connection to {url} broke mid-answer; it may or may not have happened: "
-        "check before sending the request again",
-    ),
-    (
-        requests.exceptions.ContentDecodingError,
-        "the answer from {url} could not be decoded; try again later",
-    ),
-    (
-        requests.exceptions.TooManyRedirects,
-        "{url} redirected too many times; ask the operator to check base_url",
-    ),
-    (
-        requests.exceptions.InvalidJSONError,
-        "the answer from {url} was not JSON; ask the operator to check base_url",
-    ),
-    (
-        requests.exceptions.RequestException,
-        "the HTTP request to {url} failed ({kind}); ask the operator",
-    ),
-)
-"""requests' exceptions, most specific first; the last one catches the rest."""
+    return {
+        GithubException: _by_status,
+        BadCredentialsException: _bad_credentials,
+        UnknownObjectException: _not_found,
+        RateLimitExceededException: _rate_limited,
+        RateLimitExceededExceedsMaxWait: _rate_limited,
+        BadUserAgentException: lambda exc, doing: (
+            f"failed: GitHub refused the broker's User-Agent {doing} ({_said(exc)}); "
+            "ask the operator"
+        ),
+        TwoFactorException: lambda exc, doing: (
+            f"failed: GitHub asks for a one-time password {doing}: the host is configured with a "
+            "password, not a token or an App; ask the operator"
+        ),
+        IncompletableObject: lambda exc, doing: (
+            f"failed: GitHub's answer {doing} lacked the URL needed to go on ({_said(exc)})"
+        ),
+    }
+
+
+@cache
+def network_reasons() -> tuple[tuple[type[requests.RequestException], str], ...]:
+    """requests' exceptions, most specific first; the last one catches the rest."""
+    import requests
+
+    return (
+        (requests.exceptions.SSLError, "the TLS handshake with {url} failed; ask the operator"),
+        (
+            requests.exceptions.ConnectTimeout,
+            "{url} did not accept a connection in time; try again later",
+        ),
+        (
+            requests.exceptions.ReadTimeout,
+            "{url} did not answer in time; it may or may not have happened: check before "
+            "sending the request again",
+        ),
+        (
+            requests.exceptions.ProxyError,
+            "the host's proxy refused the connection to {url}; ask the operator",
+        ),
+        (
+            requests.exceptions.ConnectionError,
+            "cannot connect to {url} from the host; try again later",
+        ),
+        (
+            requests.exceptions.RetryError,
+            "{url} kept failing after retries; try again later",
+        ),
+        (
+            requests.exceptions.ChunkedEncodingError,
+            "the connection to {url} broke mid-answer; it may or may not have happened: "
+            "check before sending the request again",
+        ),
+        (
+            requests.exceptions.ContentDecodingError,
+            "the answer from {url} could not be decoded; try again later",
+        ),
+        (
+            requests.exceptions.TooManyRedirects,
+            "{url} redirected too many times; ask the operator to check base_url",
+        ),
+        (
+            requests.exceptions.InvalidJSONError,
+            "the answer from {url} was not JSON; ask the operator to check base_url",
+        ),
+        (
+            requests.exceptions.RequestException,
+            "the HTTP request to {url} failed ({kind}); ask the operator",
+        ),
+    )
 
 
 def translate(exc: BaseException, doing: str, base_url: str) -> EffectFailed:
     """The EffectFailed an agent reads for an exception of PyGithub or requests."""
+    import requests
+    from github.GithubException import BadAttributeException, GithubException
+
     if isinstance(exc, GithubException):
         for cls in type(exc).__mro__:
-            reason = _GITHUB_REASONS.get(cls)
+            reason = github_reasons().get(cls)
             if reason is not None:
                 return EffectFailed(reason(exc, doing))
     if isinstance(exc, BadAttributeException):
         return EffectFailed(f"failed: GitHub's answer {doing} had a field of an unexpected type")
     if isinstance(exc, requests.RequestException):
-        for cls, text in _NETWORK_REASONS:
+        for cls, text in network_reasons():
             if isinstance(exc, cls):
                 said = text.format(url=base_url, kind=type(exc).__name__)
                 return EffectFailed(f"failed: {doing}: {said}")
@@ -189,6 +209,9 @@ def translate(exc: BaseException, doing: str, base_url: str) -> EffectFailed:
 @contextmanager
 def edge(doing: str, base_url: str) -> Iterator[None]:
     """Translate PyGithub's and requests' exceptions raised inside into EffectFailed."""
+    import requests
+    from github.GithubException import BadAttributeException, GithubException
+
     try:
         yield
     except EffectFailed:

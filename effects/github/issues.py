@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from github.GithubException import UnknownObjectException
-
 from broker.errors import EffectFailed, InvalidParams
 from broker.models import Preview
 from broker.typing import JSON, Params
@@ -121,6 +119,8 @@ class _Comment(GitHubHandler):
     def revert(self, output: Mapping[str, Any], ctx: Context) -> JSON:
         with self._edge(f"deleting comment {output['id']} in {output['repo']}", ctx):
             api = self._api(output, ctx)
+            from github.GithubException import UnknownObjectException
+
             try:
                 api.delete_comment(int(output["id"]))
             except UnknownObjectException:
@@ -153,6 +153,8 @@ class PullRequestComment(_Comment):
     kind = "pull request"
 
     def _target(self, api: Api, number: int) -> dict[str, Any]:
+        from github.GithubException import UnknownObjectException
+
         try:
             return api.pull(number)
         except UnknownObjectException as exc:
@@ -217,6 +219,8 @@ class LabelAdd(GitHubHandler):
         with self._edge(f"removing labels from #{number} in {output['repo']}", ctx):
             api = self._api(output, ctx)
             for label in output.get("added") or []:
+                from github.GithubException import UnknownObjectException
+
                 try:
                     api.remove_label(number, label)
                     removed.append(label)

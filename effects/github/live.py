@@ -9,8 +9,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from github.GithubException import UnknownObjectException
-
 from broker.errors import EffectFailed
 from broker.typing import Params
 from effects.github.api import Api, Entry
@@ -91,6 +89,8 @@ def conflicts(api: Api, params: Params, live: Live, changed: Sequence[Change]) -
     ]
     agent = params.get("base_sha")
     if changed and agent and agent != live.base_sha:
+        from github.GithubException import UnknownObjectException
+
         try:
             then = entries_at(api, api.commit(agent).tree, [c.path for c in changed])
         except UnknownObjectException:

@@ -12,9 +12,6 @@ from collections.abc import Callable, Mapping, Sequence
 from fnmatch import fnmatchcase
 from typing import Any
 
-import requests
-from github import GithubException
-
 from broker.errors import EffectFailed, InvalidParams
 from broker.models import Preview
 from broker.typing import JSON, Params
@@ -149,6 +146,8 @@ class PullRequestCreate(GitHubHandler):
     def _open(api: Api, params: Params, title: str, body: str) -> tuple[dict[str, Any], bool]:
         """The pull request, and whether this request created it."""
         head, base = params["head"], params["base"]
+        from github.GithubException import GithubException
+
         try:
             pull = api.create_pull(
                 head=head, base=base, title=title, body=body, draft=bool(params.get("draft"))
@@ -171,6 +170,9 @@ class PullRequestCreate(GitHubHandler):
             steps.append(
                 ("requesting reviewers", lambda: api.request_reviewers(number, users, teams))
             )
+        import requests
+        from github.GithubException import GithubException
+
         for doing, step in steps:
             try:
                 step()
@@ -198,6 +200,8 @@ class PullRequestCreate(GitHubHandler):
         if live.head_sha is not None:
             return self._ours(api, head, live.head_sha, tree, live.base_sha)
         commit = api.create_commit(message, tree, [live.base_sha])
+        from github.GithubException import GithubException
+
         try:
             api.create_branch(head, commit)
         except GithubException as exc:

@@ -9,15 +9,15 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
-
-import jwt
-from github import Auth, Github
-from urllib3.util.retry import Retry
 
 from broker.errors import ConfigError, EffectFailed
 from effects.base import Context, Settings
+
+if TYPE_CHECKING:  # imported by the calls that use them: a start never pays for PyGithub
+    from github import Github
+    from urllib3.util.retry import Retry
 
 DEFAULT_BASE_URL = "https://api.github.com"
 DEFAULT_TIMEOUT_S = 15
@@ -128,6 +128,8 @@ def _loopback(host: str) -> bool:
 
 def _retry() -> Retry:
     """Retry reads on gateway errors, briefly; never a write, never a long rate-limit sleep."""
+    from urllib3.util.retry import Retry
+
     return Retry(
         total=2,
         backoff_factor=0.2,
@@ -150,6 +152,9 @@ def settings_of(ctx: Context) -> GitHubSettings:
 
 def client(ctx: Context) -> Github:
     """A PyGithub client with the host's credentials for one handler call."""
+    import jwt
+    from github import Auth, Github
+
     settings = settings_of(ctx)
     try:
         token = ctx.secret("token")

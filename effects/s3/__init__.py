@@ -44,15 +44,15 @@ from __future__ import annotations
 
 from effects.s3.copy_object import CopyObject
 from effects.s3.delete_object import DeleteObject
-from effects.s3.errors import BOTOCORE_REASONS, REASONS, Op, translate
+from effects.s3.errors import REASONS, Op, botocore_reasons, translate
 from effects.s3.put_object import PutObject
 
 __all__ = [
-    "BOTOCORE_REASONS",
     "REASONS",
     "CopyObject",
     "DeleteObject",
     "Op",
     "PutObject",
+    "botocore_reasons",
     "translate",
 ]

@@ -6,9 +6,6 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-import boto3
-from botocore.config import Config as BotoConfig
-
 from broker.errors import ConfigError, EffectFailed
 from effects.base import Context
 from effects.s3.settings import SECRETS
@@ -26,6 +23,9 @@ def _make_clients(
     secret: str | None,
     token: str | None,
 ) -> tuple[S3Client, S3Client]:
+    import boto3  # here, not at import: a start that serves no S3 request never loads it
+    from botocore.config import Config as BotoConfig
+
     session = boto3.session.Session(
         aws_access_key_id=key_id,
         aws_secret_access_key=secret,

@@ -1,24 +1,21 @@
 """The edge: botocore's exceptions and S3's error codes become EffectFailed, in words
-an agent can act on; `Op` says what the handler was doing."""
+an agent can act on; `Op` says what the handler was doing.
+
+botocore is imported when a call is made or its exception translated, not with this
+module: listing effects, loading a policy or starting a broker never pays for it."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-
-from botocore.exceptions import (
-    BotoCoreError,
-    ClientError,
-    HTTPClientError,
-    NoCredentialsError,
-    ParamValidationError,
-    PartialCredentialsError,
-    ReadTimeoutError,
-)
-from botocore.exceptions import ConnectionError as BotoConnectionError
+from functools import cache
+from typing import TYPE_CHECKING
 
 from broker.errors import EffectFailed
+
+if TYPE_CHECKING:
+    from botocore.exceptions import BotoCoreError, ClientError
 
 
 @dataclass(frozen=True)
@@ -85,25 +82,45 @@ _MAYBE = (
     "failed: S3 did not answer while {doing}; the change may or may not have been made: "
     "check before sending the request again"
 )
-BOTOCORE_REASONS: tuple[tuple[type[BotoCoreError], str], ...] = (
-    (
+
+
+@cache
+def botocore_reasons() -> tuple[tuple[type[BotoCoreError], str], ...]:
+    """botocore's exceptions the handlers meet, most specific first, with their reasons."""
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+    from botocore.exceptions import (
+        HTTPClientError,
         NoCredentialsError,
-        "failed: the host has no S3 credentials; ask the operator to set "
-        "[integrations.s3] access_key_id_env and secret_access_key_env",
-    ),
-    (
+        ParamValidationError,
         PartialCredentialsError,
-        "failed: the host's S3 credentials are incomplete; ask the operator to check "
-        "[integrations.s3]",
-    ),
-    (ReadTimeoutError, "failed: S3 did not answer in time while {doing}; send the request again"),
-    (HTTPClientError, "failed: the connection to S3 broke while {doing}; send the request again"),
-    (
-        BotoConnectionError,
-        "failed: cannot reach S3 at {endpoint} while {doing} ({name}); try again later",
-    ),
-    (ParamValidationError, "failed: the S3 client refused the parameters while {doing}"),
-)
+        ReadTimeoutError,
+    )
+
+    return (
+        (
+            NoCredentialsError,
+            "failed: the host has no S3 credentials; ask the operator to set "
+            "[integrations.s3] access_key_id_env and secret_access_key_env",
+        ),
+        (
+            PartialCredentialsError,
+            "failed: the host's S3 credentials are incomplete; ask the operator to check "
+            "[integrations.s3]",
+        ),
+        (
+            ReadTimeoutError,
+            "failed: S3 did not answer in time while {doing}; send the request again",
+        ),
+        (
+            HTTPClientError,
+            "failed: the connection to S3 broke while {doing}; send the request again",
+        ),
+        (
+            BotoConnectionError,
+            "failed: cannot reach S3 at {endpoint} while {doing} ({name}); try again later",
+        ),
+        (ParamValidationError, "failed: the S3 client refused the parameters while {doing}"),
+    )
 
 
 def error_code(exc: ClientError) -> str:
@@ -113,6 +130,8 @@ def error_code(exc: ClientError) -> str:
 
 def translate(exc: ClientError | BotoCoreError, op: Op) -> EffectFailed:
     """An EffectFailed whose reason says what happened in words an agent can act on."""
+    from botocore.exceptions import ClientError, HTTPClientError
+
     words = {
         "doing": op.doing,
         "target": op.target,
@@ -133,7 +152,7 @@ def translate(exc: ClientError | BotoCoreError, op: Op) -> EffectFailed:
         return EffectFailed(template.format(code=code, status=status, message=message, **words))
     if op.write and isinstance(exc, HTTPClientError):  # the request may have been served
         return EffectFailed(_MAYBE.format(**words))
-    for kind, template in BOTOCORE_REASONS:
+    for kind, template in botocore_reasons():
         if isinstance(exc, kind):
             return EffectFailed(template.format(name=type(exc).__name__, **words))
     return EffectFailed(
@@ -144,6 +163,8 @@ def translate(exc: ClientError | BotoCoreError, op: Op) -> EffectFailed:
 
 @contextmanager
 def edge(op: Op) -> Iterator[None]:
+    from botocore.exceptions import BotoCoreError, ClientError
+
     try:
         yield
     except (ClientError, BotoCoreError) as exc:

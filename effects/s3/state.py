@@ -7,8 +7,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from botocore.exceptions import ClientError
-
 from broker.typing import JSON
 from effects.base import Context
 from effects.s3.clients import endpoint
@@ -71,6 +69,8 @@ def read_state(
     reader: S3Client, ctx: Context, bucket: str, key: str, version_id: str | None = None
 ) -> State:
     """The bucket's versioning and the key's current (or given) version, from S3."""
+    from botocore.exceptions import ClientError
+
     op = Op(f"reading s3://{bucket}/{key}", bucket, key, endpoint=endpoint(ctx))
     with edge(op):
         versioning: str
@@ -121,6 +121,7 @@ def fetch(
     """The object's bytes when it is small enough to show, else None."""
     if not state.exists or state.size is None or state.size > SHOW_MAX:
         return None
+
     op = Op(f"reading s3://{bucket}/{key}", bucket, key, endpoint=endpoint(ctx))
     with edge(op):
         if version:

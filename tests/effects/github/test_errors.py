@@ -99,7 +99,7 @@ class TestErrors:
             for _, cls in inspect.getmembers(gh_errors, inspect.isclass)
             if issubclass(cls, GithubException) and cls.__module__ == gh_errors.__name__
         }
-        assert defined == set(gh._GITHUB_REASONS)
+        assert defined == set(gh.github_reasons())
         for cls in defined:
             exc = cls(500 if cls is GithubException else 403, {"message": "m"}, {})
             reason = gh.translate(exc, "doing it", "https://api.github.com").reason

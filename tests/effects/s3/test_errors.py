@@ -85,7 +85,7 @@ class TestErrorMapping:
         reason = s3.translate(_client_error("WeirdThing", 418), OP).reason
         assert reason.startswith(GENERIC) and "WeirdThing" in reason and "418" in reason
 
-    @pytest.mark.parametrize(("kind", "_"), s3.BOTOCORE_REASONS)
+    @pytest.mark.parametrize(("kind", "_"), s3.botocore_reasons())
     def test_every_mapped_botocore_error_has_its_own_reason(self, kind: type, _: str) -> None:
         """Each botocore error class handled becomes its own sentence, not the catch-all."""
         reason = s3.translate(_botocore_error(kind), READ).reason
