@@ -6,17 +6,17 @@ in `effects.base` when it registers, and its optional members resolved once.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from broker.errors import ConfigError, DuplicateEffect, RegistryError, UnknownEffect
 from broker.models import Preview
 from broker.settings import Settings
 from broker.typing import JSON, Params
-from broker.validation import compile_schema, did_you_mean
+from broker.validation import check_schema, did_you_mean
 from effects.base import (
     OPTIONAL_FLAGS,
     OPTIONAL_METHODS,
@@ -29,6 +29,7 @@ from effects.base import (
 
 ENTRY_POINT_GROUP = "broker.effects"
 EFFECT_NAME = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*){1,2}")
+V = TypeVar("V")
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,7 @@ class Registry:
     def __init__(self) -> None:
         self._effects: dict[str, Effect] = {}
         self._lazy: dict[str, EntryPoint] = {}
+        self._entry: dict[str, EntryPoint] = {}  # every one named for its effect, kept
 
     def register(self, handler: Any, origin: str = "(code)") -> EffectHandler:
         """Verify `handler` against the contract and add it; errors name the origin."""
@@ -153,7 +155,7 @@ class Registry:
             raise RegistryError(f"{origin}: {name} has no schema: {exc}") from exc
         if not isinstance(schema, Mapping):
             raise RegistryError(f"{origin}: {name}.schema must be a JSON Schema object")
-        compile_schema(schema, f"{origin}: {name}.schema")
+        check_schema(schema, f"{origin}: {name}.schema")
         if name in self._effects or name in self._lazy:
             first = (
                 self._effects[name].origin if name in self._effects else _origin(self._lazy[name])
@@ -167,14 +169,15 @@ class Registry:
         for ep in sorted(entry_points(group=group), key=lambda e: e.name):
             if not EFFECT_NAME.fullmatch(ep.name):
                 self._load(ep)
-            elif ep.name in self._effects or ep.name in self._lazy:
+                continue
+            self._entry.setdefault(ep.name, ep)
+            if ep.name in self._effects or ep.name in self._lazy:
                 first = self._lazy.get(ep.name)
                 was = _origin(first) if first else self._effects[ep.name].origin
                 raise DuplicateEffect(
                     f"effect {ep.name} is registered twice: by {was} and by {_origin(ep)}"
                 )
-            else:
-                self._lazy[ep.name] = ep
+            self._lazy[ep.name] = ep
 
     def _load(self, ep: EntryPoint, expect: str | None = None) -> None:
         origin = _origin(ep)
@@ -220,7 +223,7 @@ class Registry:
             effect = self._effects.get(name)
             if effect is None or not effect.origin.startswith("entry point "):
                 return None
-            ep = next((e for e in entry_points(group=ENTRY_POINT_GROUP) if e.name == name), None)
+            ep = self._entry.get(name)  # scanning every distribution again costs ~10 ms
             if ep is None:
                 return None
         return _fingerprint(ep)
@@ -244,12 +247,14 @@ class Registry:
         """An effect's params schema, or None when no such effect is registered."""
         return self.effect(name).schema if name in self else None
 
-    def schemas(self) -> dict[str, Mapping[str, Any]]:
-        return {e.name: e.schema for e in self.effects()}
+    def schemas(self) -> Mapping[str, Mapping[str, Any]]:
+        """Each effect's params schema; a handler loads when its schema is read (a
+        policy reads those of the effects its `when` conditions name)."""
+        return _View(self, lambda e: e.schema)
 
     def reversibility(self) -> Mapping[str, bool]:
         """Each effect's `reversible` flag; a handler loads when its flag is read."""
-        return _Flags(self)
+        return _View(self, lambda e: e.reversible)
 
     def check_config(
         self, integrations: Mapping[str, Mapping[str, Any]], base_dir: Path | None = None
@@ -271,16 +276,17 @@ class Registry:
                 effect.check_config(Settings(integrations.get(section, {}), where, base_dir))
 
 
-class _Flags(Mapping[str, bool]):
-    """A read-only view of every effect's reversible flag, loading handlers on lookup."""
+class _View(Mapping[str, V]):
+    """A read-only view of one fact of every effect, loading its handler on lookup."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, fact: Callable[[Effect], V]) -> None:
         self._registry = registry
+        self._fact = fact
 
-    def __getitem__(self, name: str) -> bool:
+    def __getitem__(self, name: str) -> V:
         if name not in self._registry:
             raise KeyError(name)
-        return self._registry.effect(name).reversible
+        return self._fact(self._registry.effect(name))
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._registry.names())
