@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -47,6 +48,12 @@ def run(config: Path, name: str, script: str, **kw: object) -> subprocess.Comple
         stdin=subprocess.DEVNULL,
         **kw,  # type: ignore[call-overload]
     )
+
+
+# Sandbox ids (container names) unique to this run: suites of other checkouts may share
+# the Docker engine, and a container name is the engine's, not the test's.
+INT = f"int-{uuid.uuid4().hex[:8]}"
+DET = f"det-{uuid.uuid4().hex[:8]}"
 
 
 def containers(engine: docker.DockerClient, name: str) -> list[object]:
@@ -91,7 +98,7 @@ def test_sigint_removes_the_container(host: Path, engine: docker.DockerClient) -
             "--config",
             str(host),
             "--name",
-            "int1",
+            INT,
             "--",
             "python3",
             "-c",
@@ -103,14 +110,14 @@ def test_sigint_removes_the_container(host: Path, engine: docker.DockerClient) -
         stdin=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not containers(engine, "int1"):
+    while time.monotonic() < deadline and not containers(engine, INT):
         time.sleep(0.2)
-    assert containers(engine, "int1"), "the sandbox never started"
+    assert containers(engine, INT), "the sandbox never started"
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert containers(engine, "int1") == []
+    assert containers(engine, INT) == []
 
 
 def test_detached_sandbox_is_served_by_serve_root(
@@ -124,7 +131,7 @@ def test_detached_sandbox_is_served_by_serve_root(
             "--config",
             str(host),
             "--name",
-            "det1",
+            DET,
             "--detach",
             "--",
             "python3",
@@ -139,7 +146,7 @@ def test_detached_sandbox_is_served_by_serve_root(
     assert done.returncode == 0, done.stderr
     serve = subprocess.Popen([BROKER, "serve", "--config", str(host)], stderr=subprocess.DEVNULL)
     try:
-        result = tmp_path / "state" / "sandboxes" / "det1" / "results"
+        result = tmp_path / "state" / "sandboxes" / DET / "results"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not any(result.glob("*.json")):
             time.sleep(0.2)
@@ -148,14 +155,14 @@ def test_detached_sandbox_is_served_by_serve_root(
         serve.send_signal(signal.SIGINT)
         serve.wait(30)
     listed = subprocess.run([BROKER, "sandbox", "ls"], capture_output=True, text=True)
-    assert "det1" in listed.stdout
+    assert DET in listed.stdout
     tsv = subprocess.run([BROKER, "sandbox", "ls", "--tsv"], capture_output=True, text=True)
     rows = [line.split("\t") for line in tsv.stdout.splitlines()]
     assert rows[0] == ["sandbox", "container", "name", "status"]
-    row = next(r for r in rows if r[0] == "det1")
-    assert len(row) == 4 and row[2] == "broker-det1"
-    subprocess.run([BROKER, "sandbox", "rm", "det1"], check=True, capture_output=True)
-    assert containers(engine, "det1") == []
+    row = next(r for r in rows if r[0] == DET)
+    assert len(row) == 4 and row[2] == f"broker-{DET}"
+    subprocess.run([BROKER, "sandbox", "rm", DET], check=True, capture_output=True)
+    assert containers(engine, DET) == []
 
 
 def test_terminal_prompt_approves_a_gated_request(host: Path, engine: docker.DockerClient) -> None:
