@@ -17,6 +17,9 @@ from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness, make_context
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
+# kept across runs (mypy checks each cached module against its source): the stdlib's and
+# the broker's analysis is then read, not redone (11 s → 2 s from the second run on)
+CACHE = Path(__file__).resolve().parents[1] / ".mypy_cache" / "doc-example"
 
 
 def blocks() -> list[str]:
@@ -84,7 +87,7 @@ def test_the_doc_s_examples_pass_mypy_strict(
     plugin.write_text("\n".join(blocks()), encoding="utf-8")
     monkeypatch.chdir(tmp_path)  # no pyproject.toml, and this tree is not on mypy's path
     out, err, status = mypy.api.run(
-        ["--strict", "--cache-dir", str(tmp_path / ".mypy_cache"), str(plugin)]
+        ["--strict", "--cache-dir", str(CACHE), str(plugin)]
     )
     assert status == 0, out + err
     assert "no issues found in 1 source file" in out
