@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from jsonschema import Draft202012Validator
 
@@ -35,13 +35,23 @@ def checked(result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Return once `check()` is true; fail, naming it, if it is not within `timeout`."""
+T = TypeVar("T")
+
+# How long a test waits for what arrives on another thread or process. Generous on
+# purpose: a passing test never waits it out, and a test asserts that something
+# happens, not how fast (on two cores shared with a load of 25 a delivery took > 5 s).
+PATIENCE = 30.0
+
+
+def eventually(check: Callable[[], T], timeout: float = PATIENCE) -> T:
+    """Return `check()`'s value once it is truthy; fail, naming it, if it is not within
+    `timeout`."""
     end = time.monotonic() + timeout
-    while not check():
+    while not (value := check()):
         if time.monotonic() > end:
             raise AssertionError(f"not true within {timeout}s: {check.__doc__ or check}")
         time.sleep(0.01)
+    return value
 
 
 def run_broker(
@@ -99,7 +109,7 @@ class Hook:
         with self.lock:
             return [r for r in self.received if r["path"] == path]
 
-    def wait_for(self, path: str, count: int, timeout: float = 5.0) -> list[dict[str, Any]]:
+    def wait_for(self, path: str, count: int, timeout: float = PATIENCE) -> list[dict[str, Any]]:
         end = time.monotonic() + timeout
         while len(self.calls(path)) < count:
             if time.monotonic() > end:

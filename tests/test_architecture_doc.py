@@ -86,8 +86,6 @@ def test_the_doc_s_examples_pass_mypy_strict(
     plugin = tmp_path / "pager_plugin.py"
     plugin.write_text("\n".join(blocks()), encoding="utf-8")
     monkeypatch.chdir(tmp_path)  # no pyproject.toml, and this tree is not on mypy's path
-    out, err, status = mypy.api.run(
-        ["--strict", "--cache-dir", str(CACHE), str(plugin)]
-    )
+    out, err, status = mypy.api.run(["--strict", "--cache-dir", str(CACHE), str(plugin)])
     assert status == 0, out + err
     assert "no issues found in 1 source file" in out

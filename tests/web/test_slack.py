@@ -10,7 +10,7 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -32,6 +32,7 @@ from broker.testing import BrokerHarness, FakeClock, FakeHandler
 from broker.web.app import create_app
 from broker.web.auth import hash_token
 from broker.web.server import WebServer
+from tests.support import eventually
 from tests.web.conftest import TOKENS, Switch
 
 BOT_TOKEN = "xoxb-test-bot-token"
@@ -72,16 +73,6 @@ approvals = 2
 slack_buttons = true
 reason = "two people"
 """
-
-
-def eventually(check: Callable[[], Any], timeout: float = 5.0) -> Any:
-    """Wait until check() is truthy (what arrives at the fake Slack arrives on a thread)."""
-    end = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > end:
-            raise AssertionError(f"not true within {timeout}s")
-        time.sleep(0.01)
-    return value
 
 
 # -- Slack's side ----------------------------------------------------------------------------
