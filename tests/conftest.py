@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +18,21 @@ from broker.testing import BrokerHarness, FakeHandler
 from tests.pgserver import PgServer
 from tests.stores import BACKENDS, OpenStore, new_database, opener, start_server
 from tests.support import SETTLE_S, Hook, Start
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One user cache dir (XDG_CACHE_HOME) for every broker of the run, as one user's
+    brokers share it: the effect facts are kept there once, not per test's HOME."""
+    path = tmp_path_factory.getbasetemp().parent / "xdg-cache"
+    path.mkdir(exist_ok=True)
+    was = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(path)
+    yield path
+    if was is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = was
 
 
 @pytest.fixture

@@ -121,3 +121,14 @@ def test_the_catalogue_is_built_from_kept_facts_until_a_handler_changes(
     note = next(e for e in changed["effects"] if e["name"] == "notes.add")
     assert note["undo"] == "CHANGED"
     assert json.loads(cache.read_text())["notes.add"]["facts"]["undo"] == "CHANGED"
+
+
+def test_the_facts_are_kept_in_the_user_s_cache_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One cache per user for every state dir: $XDG_CACHE_HOME/broker, else ~/.cache/broker."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert catalogue.facts_cache() == tmp_path / "xdg" / "broker" / "effect-facts.json"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert catalogue.facts_cache() == tmp_path / "home" / ".cache" / "broker" / "effect-facts.json"

@@ -25,11 +25,33 @@ from broker.policy.ruleset import Policy, Rule, default_verdict
 from broker.registry import Registry
 from effects.base import EffectHandler
 
-__all__ = ["CATALOGUE_NAME", "VERSION", "build", "effect_facts", "publish", "render"]
+__all__ = [
+    "CATALOGUE_NAME",
+    "VERSION",
+    "build",
+    "effect_facts",
+    "facts_cache",
+    "publish",
+    "render",
+]
 
 CATALOGUE_NAME = ".effects.json"
 VERSION = 1
 log = logging.getLogger("broker.loop.catalogue")
+
+
+def facts_cache() -> Path | None:
+    """Where what the handlers declare is kept: the user's cache dir
+    (`$XDG_CACHE_HOME/broker`, else `~/.cache/broker`), shared by every state dir of
+    this user, since the facts depend on the installed code alone (each entry is keyed
+    by its entry point's fingerprint). None (nothing kept) for a user without a home."""
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        try:
+            base = str(Path.home() / ".cache")
+        except RuntimeError:
+            return None
+    return Path(base) / "broker" / "effect-facts.json"
 
 
 def build(registry: Registry, policy: Policy, cache: Path | None = None) -> dict[str, Any]:

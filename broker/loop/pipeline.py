@@ -135,8 +135,9 @@ class Broker:
         self, config: Config, registry: Registry, policy: Policy
     ) -> tuple[bytes, Served]:
         """The effect catalogue, and the outboxes it is published into: what the handlers
-        declare is kept in the state dir, so a start imports only the handlers it uses."""
-        document = catalogue.render(registry, policy, config.state_dir / "effects.cache")
+        declare is kept (catalogue.facts_cache), so a start imports only the handlers it
+        uses."""
+        document = catalogue.render(registry, policy, catalogue.facts_cache())
         served = Served(
             config.state_dir / "control",
             lambda box: catalogue.publish(box.results_fd, document, box.sandbox),

@@ -147,11 +147,10 @@ class Telemetry:
             tap.observers.append(metrics)
             self.metrics = metrics
         if self.tracing_settings is not None:
-            from broker.loop.catalogue import effect_facts
+            from broker.loop.catalogue import effect_facts, facts_cache
             from broker.observability.tracing import Tracer
 
-            cache = broker.config.state_dir / "effects.cache"  # what the catalogue keeps
-            facts = effect_facts(broker.registry, cache)
+            facts = effect_facts(broker.registry, facts_cache())
             descriptions = {f["name"]: f["description"] for f in facts}
             self.tracer = Tracer(self.tracing_settings, descriptions)
             broker.admission.stages = self.tracer.stages
