@@ -330,7 +330,10 @@ def approval_func(
             where = await asyncio.to_thread(_where, executor, cfg, sandbox_id, request)
         except BrokerError as exc:
             return ApprovalResponse(approved=False, reason=f"denied: {exc}; nothing ran")
-        decision = await gate.ask(where[0], where[1], blocks, context_of(request.context))
+        runs_in = "sandbox" if executor is not None else "host"
+        decision = await gate.ask(
+            where[0], where[1], blocks, context_of(request.context), runs_in=runs_in
+        )
         if decision.approved and executor is not None:
             executor._allow([CodeBlock(code=b["code"], language=b["language"]) for b in blocks])
         return ApprovalResponse(approved=decision.approved, reason=decision.reason)
