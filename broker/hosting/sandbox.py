@@ -329,7 +329,10 @@ def _remove_if_untagged(client: docker.DockerClient, image_id: str) -> None:
 def _sources_digest() -> str:
     """sha256 over what the Dockerfile copies, so a changed client means a new image."""
     h = hashlib.sha256()
-    for rel in ("Dockerfile", *(f"client/outbox{m}.py" for m in ("", "_cli", "_mcp"))):
+    for rel in (
+        "Dockerfile",
+        *(f"client/outbox{m}.py" for m in ("", "_cli", "_mcp", "_mcp_tools")),
+    ):
         h.update(rel.encode() + b"\0" + (IMAGES_DIR / rel).read_bytes() + b"\0")
     return h.hexdigest()
 
