@@ -5,7 +5,6 @@ outside its block (no Docker: a broker in a thread)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
