@@ -258,6 +258,9 @@ class SandboxCodeExecutor(CodeExecutor, Component[compat.SandboxCodeExecutorConf
             where.mkdir(mode=0o755, parents=True)
             os.chown(where, sandbox.SANDBOX_UID, sandbox.SANDBOX_UID)
         self._user, self._give_back = compat.workspace_user(where)
+        uid, gid = (int(part) for part in self._user.split(":"))
+        if uid != sandbox.SANDBOX_UID:  # blocks run as the dir's owner: the outbox is theirs
+            os.chown(paths.outbox, uid, gid)
         return where
 
     # -- running code ---------------------------------------------------------------

@@ -131,13 +131,31 @@ def test_filename_is_decided_on_the_text_alone(tmp_path: Path) -> None:
             code_filename(f"# filename: {outside}\n", tmp_path)
 
 
-def test_a_users_own_work_dir_is_used_with_that_users_rights(tmp_path: Path) -> None:
-    """A dir owned by an ordinary user (mode 0700): blocks run as that user, and the dir
-    is not changed at all (no chown, no wider mode)."""
+def test_a_users_own_work_dir_is_used_with_that_users_rights(
+    host: Host, agent_image: str, tmp_path: Path
+) -> None:
+    """A dir owned by an ordinary user (mode 0700): blocks run as that user (their files
+    are that user's, and `import outbox` still files requests), and the dir is not
+    changed at all (no chown, no wider mode)."""
     mine = tmp_path / "mine"
     mine.mkdir(mode=0o700)
     os.chown(mine, 1000, 1000)
     assert workspace_user(mine) == ("1000:1000", None)
+    block = (
+        "import os, outbox\nopen('made', 'w').write('x')\nprint(os.getuid())\n"
+        "print(outbox.request('files.write', {'path': 'u.txt', 'content': 'u'})['status'])\n"
+    )
+
+    async def run() -> str:
+        async with SandboxCodeExecutor(host.config, work_dir=mine) as executor:
+            done = await executor.execute_code_blocks(
+                [CodeBlock(block, "python")], CancellationToken()
+            )
+            assert done.exit_code == 0, done.output
+            return done.output
+
+    assert asyncio.run(run()) == "1000\napplied\n"
+    assert (mine / "made").stat().st_uid == 1000
     assert (mine.stat().st_uid, mine.stat().st_mode & 0o777) == (1000, 0o700)
 
 
