@@ -26,7 +26,7 @@ from bench import cases, fsprobe
 from bench.stats import Figure, ratio
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SECTIONS = ("baseline", "broker", "many", "fleet", "sandbox", "idle", "start", "peers")
+SECTIONS = ("baseline", "broker", "many", "fleet", "sandbox", "idle", "start", "peers", "agents")
 
 
 class Run:
@@ -125,6 +125,14 @@ def measure(args: argparse.Namespace, cells: cases.Cells, run: Run) -> None:
     if "peers" in want:
         for kind in ("poll", "watchfiles"):
             cell(kind, cases.peer, kind, plan.peer_seq_n, plan.peer_burst_n)
+    if "agents" in want:
+        from bench import agents
+
+        blocks, calls = (10, 50) if args.quick else (50, 300)
+        run.add("mcp", {"call_s": agents.mcp_calls(cells.base, calls)})
+        if not cases.docker_ready():
+            run.add("executors", agents.executors(blocks))
+        print("bench: agents done", file=sys.stderr, flush=True)
     _probe(run, cells, "end")
 
 
@@ -320,6 +328,7 @@ def table(run: Run) -> tuple[str, list[dict[str, Any]]]:
                 "thin_ratio": ratio(thin, docker),
             }
         )
+    _agent_rows(run, lines, rows)
     lines.append(
         "file-system probe (µs per small-file create p50/p99, per fsync p50; load average): "
         + "; ".join(
@@ -329,6 +338,48 @@ def table(run: Run) -> tuple[str, list[dict[str, Any]]]:
         )
     )
     return "\n".join(lines), rows
+
+
+def _agent_rows(run: Run, lines: list[str], rows: list[dict[str, Any]]) -> None:
+    """7. agents: the executors side by side (per block, start-up) and MCP tools/call."""
+    if "executors" in run.samples or "mcp" in run.samples:
+        lines.append("7. agents (ms; ratio to AutoGen's DockerCommandLineCodeExecutor)")
+    for sample in run.samples.get("executors", []):
+        ours, theirs = (
+            Figure(tuple(sample["ours_block_s"])),
+            Figure(tuple(sample["autogen_block_s"])),
+        )
+        per_block = ours.median / theirs.median
+        ours_start = Figure(tuple(sample["ours_start_s"])).median
+        theirs_start = Figure(tuple(sample["autogen_start_s"])).median
+        start = ours_start / theirs_start
+        lines.append(
+            f"  {'python block, SandboxCodeExecutor (auto)':<44} p50 {ours.median * 1e3:.1f}"
+            f" vs {theirs.median * 1e3:.1f}  {per_block:.2f}×"
+        )
+        lines.append(
+            f"  {'start-up, SandboxCodeExecutor (warm, median)':<44} {ours_start * 1e3:.0f}"
+            f" vs {theirs_start * 1e3:.0f}  {start:.2f}×"
+        )
+        rows.append(
+            {
+                "section": "7. agents",
+                "block_ratio": per_block,
+                "start_ratio": start,
+                "ours_block_p50_s": ours.median,
+                "autogen_block_p50_s": theirs.median,
+                "ours_start_s": ours_start,
+                "autogen_start_s": theirs_start,
+            }
+        )
+    for sample in run.samples.get("mcp", []):
+        calls = sorted(sample["call_s"])
+        p50, p99 = calls[len(calls) // 2], calls[min(len(calls) - 1, int(len(calls) * 0.99))]
+        lines.append(
+            f"  {'MCP tools/call bench.noop (outbox mcp)':<44} p50 {p50 * 1e3:.1f},"
+            f" p99 {p99 * 1e3:.1f}"
+        )
+        rows.append({"section": "7. agents", "row": "mcp tools/call", "p50_s": p50, "p99_s": p99})
 
 
 def targets(run: Run) -> list[dict[str, Any]]:
@@ -361,6 +412,12 @@ def targets(run: Run) -> list[dict[str, Any]]:
     for key, beside in (("broker_s", ""), ("thin_s", ", beside a serving broker")):
         start = ratio(run.figure("start", key), docker)
         check(f"broker run start ≤ 1.3× docker run{beside}", start, 1.3, start <= 1.3)
+    for row in (r for r in table(run)[1] if "block_ratio" in r):
+        block, begin = row["block_ratio"], row["start_ratio"]
+        check(
+            "SandboxCodeExecutor block ≤ 1.2× AutoGen's Docker executor", block, 1.2, block <= 1.2
+        )
+        check("SandboxCodeExecutor start-up ≤ 1.3× AutoGen's", begin, 1.3, begin <= 1.3)
     return found
 
 

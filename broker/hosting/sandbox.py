@@ -162,8 +162,12 @@ def hardened(
     limits: SandboxLimits = SandboxLimits(),
     env: Mapping[str, str] | None = None,
     workspace: Path | None = None,
+    *,
+    read_only_mounts: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The container options every sandbox gets (docker-py's `containers.create`)."""
+    """The container options every sandbox gets (docker-py's `containers.create`);
+    `read_only_mounts` maps host paths to container paths, bound read-only."""
     extras = dict(env or {})
     clash = sorted(set(extras) & set(_PROTOCOL_ENV))
     if clash:
@@ -174,6 +178,8 @@ def hardened(
     ]
     if workspace is not None:
         mounts.append(Mount("/workspace", str(workspace), type="bind", read_only=False))
+    for host, inside in (read_only_mounts or {}).items():
+        mounts.append(Mount(inside, host, type="bind", read_only=True))
     return {
         "detach": True,
         "auto_remove": False,
@@ -185,7 +191,7 @@ def hardened(
             "SANDBOX_ID": paths.sandbox_id,
         },
         "mounts": mounts,
-        "labels": {LABEL: paths.sandbox_id},
+        "labels": {**(labels or {}), LABEL: paths.sandbox_id},
         "network_mode": "none",
         "read_only": True,
         "tmpfs": {"/tmp": f"rw,exec,nosuid,nodev,size={limits.tmpfs_size},mode=1777"},
@@ -245,6 +251,8 @@ def start(
     env: Mapping[str, str] | None = None,
     workspace: Path | None = None,
     name: str | None = None,
+    read_only_mounts: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> Container:
     """Start ``command`` in a new sandbox container and return it (detached).
 
@@ -255,7 +263,9 @@ def start(
     if given, is mounted read-write at /workspace and must be writable by
     SANDBOX_UID. The caller removes the container with :func:`remove`.
     """
-    options = hardened(paths, limits, env, workspace)
+    options = hardened(
+        paths, limits, env, workspace, read_only_mounts=read_only_mounts, labels=labels
+    )
     try:
         # create + start, not run: run() would try to pull a missing image from a registry.
         container = client.containers.create(image, list(command), name=name, **options)
@@ -329,7 +339,10 @@ def _remove_if_untagged(client: docker.DockerClient, image_id: str) -> None:
 def _sources_digest() -> str:
     """sha256 over what the Dockerfile copies, so a changed client means a new image."""
     h = hashlib.sha256()
-    for rel in ("Dockerfile", *(f"client/outbox{m}.py" for m in ("", "_cli", "_mcp"))):
+    for rel in (
+        "Dockerfile",
+        *(f"client/outbox{m}.py" for m in ("", "_cli", "_mcp", "_mcp_tools")),
+    ):
         h.update(rel.encode() + b"\0" + (IMAGES_DIR / rel).read_bytes() + b"\0")
     return h.hexdigest()
 

@@ -22,38 +22,33 @@ Needs ``pip install 'sandbox-outbox-broker[autogen]'`` (AutoGen 0.7).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import hashlib
 import json
 import os
-import re
 import secrets
 import shutil
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
-from autogen_agentchat.agents import ApprovalRequest, ApprovalResponse
-from autogen_core import CancellationToken
-from autogen_core.code_executor import CodeBlock, CodeExecutor, CodeResult
+from autogen_core import CancellationToken, Component
+from autogen_core.code_executor import CodeBlock, CodeExecutor
+from autogen_ext.code_executors._common import CommandLineCodeResult
 
 from broker.config import Config, load_config
-from broker.errors import BrokerError, SandboxError
+from broker.errors import SandboxError
 from broker.hosting import sandbox
-from broker.integrations import autogen_gate as gate
+from broker.integrations import autogen_compat as compat
 from broker.integrations import embedded as hosting
 from broker.integrations.blocks import INTERPRETERS, Container, Run
-from broker.loop import ownership
 
 __all__ = ["ApprovalFunc", "SandboxCodeExecutor", "approval_func"]
 
-ApprovalFunc = Callable[[ApprovalRequest], Awaitable[ApprovalResponse]]
 TIMEOUT_EXIT = 124  # what `timeout(1)` and AutoGen's executors report for a block cut short
-CONTEXT_MESSAGES = 10
-_FENCE = re.compile(r"```([^\n`]*)\n(.*?)\n```", re.S)
-_SANDBOX_ID = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
-class SandboxCodeExecutor(CodeExecutor):
+class SandboxCodeExecutor(CodeExecutor, Component[compat.SandboxCodeExecutorConfig]):
     """Runs code blocks in one hardened sandbox container, served by the broker.
 
     `config` is broker.toml's path (default: ``$BROKER_CONFIG``, else the state dir's);
@@ -61,24 +56,54 @@ class SandboxCodeExecutor(CodeExecutor):
     when missing); `timeout` the seconds each block may run; `work_dir` the host dir
     mounted at /workspace, the blocks' working dir (default: a fresh one beside the
     sandbox's outbox, removed on `stop`). Python (python, python3, py) and shell (sh,
-    shell, bash) blocks run; other languages get a `CodeResult` saying so.
+    shell, bash) blocks run; other languages get a result saying so. The other keyword
+    arguments are DockerCommandLineCodeExecutor's, with its meaning; the ones the
+    sandbox refuses by design raise ValueError saying why (docs/autogen.md).
     """
+
+    component_config_schema = compat.SandboxCodeExecutorConfig
+    component_provider_override = "broker.integrations.autogen.SandboxCodeExecutor"
 
     def __init__(
         self,
         config: str | os.PathLike[str] | None = None,
         *,
         image: str | None = None,
+        container_name: str | None = None,
         timeout: int = 60,
         work_dir: str | os.PathLike[str] | None = None,
+        auto_remove: bool = True,
+        stop_container: bool = True,
+        extra_volumes: dict[str, dict[str, str]] | None = None,
+        init_command: str | None = None,
+        delete_tmp_files: bool = False,
+        bind_dir: str | os.PathLike[str] | None = None,
+        device_requests: Sequence[Any] | None = None,
+        functions: Sequence[Any] = (),
+        extra_hosts: dict[str, str] | None = None,
     ) -> None:
         if timeout < 1:
             raise ValueError("timeout must be at least 1 second")
+        compat.refuse_by_design(
+            auto_remove=auto_remove,
+            bind_dir=bind_dir,
+            device_requests=device_requests,
+            functions=functions,
+            extra_hosts=extra_hosts,
+        )
+        self._mounts = compat.read_only_volumes(extra_volumes)
+        self._extra_volumes = dict(extra_volumes or {})
         self._config_path = Path(config) if config is not None else None
         self._image = image
+        self._container_name = container_name
         self._timeout = timeout
+        self._stop_container = stop_container
+        self._init_command = init_command
+        self._delete_tmp_files = delete_tmp_files
         self._work_dir_arg = Path(work_dir).absolute() if work_dir is not None else None
         self._work_dir: Path | None = None
+        self._user = f"{sandbox.SANDBOX_UID}:{sandbox.SANDBOX_UID}"
+        self._give_back: int | None = None  # the work_dir's uid before start, if changed
         self._config: Config | None = None
         self._served: hosting.Served | None = None
         self._container: Container | None = None
@@ -91,6 +116,34 @@ class SandboxCodeExecutor(CodeExecutor):
     def timeout(self) -> int:
         """Seconds each block may run before it is stopped."""
         return self._timeout
+
+    def _to_config(self) -> compat.SandboxCodeExecutorConfig:
+        return compat.SandboxCodeExecutorConfig(
+            config=str(self._config_path) if self._config_path else None,
+            image=self._image,
+            container_name=self._container_name,
+            timeout=self._timeout,
+            work_dir=str(self._work_dir_arg) if self._work_dir_arg else None,
+            stop_container=self._stop_container,
+            extra_volumes=self._extra_volumes,
+            init_command=self._init_command,
+            delete_tmp_files=self._delete_tmp_files,
+        )
+
+    @classmethod
+    def _from_config(cls, config: compat.SandboxCodeExecutorConfig) -> Self:
+        return cls(
+            config.config,
+            image=config.image,
+            container_name=config.container_name,
+            timeout=config.timeout,
+            work_dir=config.work_dir,
+            auto_remove=config.auto_remove,
+            stop_container=config.stop_container,
+            extra_volumes=config.extra_volumes,
+            init_command=config.init_command,
+            delete_tmp_files=config.delete_tmp_files,
+        )
 
     @property
     def running(self) -> bool:
@@ -142,9 +195,18 @@ class SandboxCodeExecutor(CodeExecutor):
         try:
             self._work_dir = self._workspace(served.paths)
             self._container = self._new_container()
+            self._init()
         except BaseException:
             self._stop()
             raise
+        if self._stop_container:
+            atexit.register(self._stop)  # as AutoGen's own stops its container at exit
+
+    def _init(self) -> None:
+        if self._init_command and self._container is not None:
+            code, output = self._container.shell(["sh", "-c", self._init_command])
+            if code != 0:
+                raise SandboxError(f"init_command exited {code}: {output.strip()[-500:]}")
 
     def _new_container(self) -> Container:
         from broker.hosting.runner import extra_env, limits_from
@@ -154,6 +216,7 @@ class SandboxCodeExecutor(CodeExecutor):
         image = self._image or str(cfg.sandbox.get("image", sandbox.DEFAULT_IMAGE))
         if image == sandbox.DEFAULT_IMAGE:
             sandbox.ensure_image(client, image, log=lambda text: None)
+        compat.reap_orphans(client)
         return Container(
             client,
             paths,
@@ -161,9 +224,14 @@ class SandboxCodeExecutor(CodeExecutor):
             limits=limits_from(cfg),
             env=extra_env(cfg),
             workspace=self._work_dir,
+            user=self._user,
+            name=self._container_name,
+            read_only_mounts=self._mounts,
+            labels=compat.owner_label(),
         )
 
     def _stop(self) -> None:
+        atexit.unregister(self._stop)
         container, self._container = self._container, None
         try:
             if container is not None:
@@ -173,6 +241,9 @@ class SandboxCodeExecutor(CodeExecutor):
                 self._served.close()
             if self._work_dir_arg is None and self._work_dir is not None:
                 shutil.rmtree(self._work_dir, ignore_errors=True)
+            elif self._give_back is not None and self._work_dir is not None:
+                os.chown(self._work_dir, self._give_back, -1)
+                self._give_back = None
 
     def _restart(self) -> None:
         if self._container is None:
@@ -186,23 +257,24 @@ class SandboxCodeExecutor(CodeExecutor):
         if not where.exists():
             where.mkdir(mode=0o755, parents=True)
             os.chown(where, sandbox.SANDBOX_UID, sandbox.SANDBOX_UID)
-        st = where.stat()
-        if st.st_uid != sandbox.SANDBOX_UID and not st.st_mode & 0o002:
-            raise SandboxError(
-                f"work_dir {where} is not writable by uid {sandbox.SANDBOX_UID}, the "
-                f"sandbox's user: chown {sandbox.SANDBOX_UID} {where}"
-            )
+        self._user, self._give_back = compat.workspace_user(where)
+        uid, gid = (int(part) for part in self._user.split(":"))
+        if uid != sandbox.SANDBOX_UID:  # blocks run as the dir's owner: the outbox is theirs
+            os.chown(paths.outbox, uid, gid)
         return where
 
     # -- running code ---------------------------------------------------------------
 
     async def execute_code_blocks(
         self, code_blocks: list[CodeBlock], cancellation_token: CancellationToken
-    ) -> CodeResult:
-        """Run the blocks in order, stopping at the first that fails.
+    ) -> CommandLineCodeResult:
+        """Run the blocks in order, stopping at the first that fails; each block's code is
+        also written to the work dir (its `# filename:`, else `tmp_code_<sha256>.<lang>`)
+        and `code_file` names the first, as AutoGen's executors do.
 
-        Raises asyncio.CancelledError when `cancellation_token` is cancelled: the
-        running block is killed (only it: the sandbox and its other processes stay).
+        Raises asyncio.CancelledError when `cancellation_token` is cancelled (autogen-core's
+        CodeExecutor contract): the running block is killed (only it: the sandbox and its
+        other processes stay).
         """
         container = self._container
         if container is None:
@@ -213,33 +285,55 @@ class SandboxCodeExecutor(CodeExecutor):
             {b.language for b in code_blocks if b.language.lower() not in INTERPRETERS}
         )
         if unknown:
-            return CodeResult(
-                exit_code=1,
-                output=f"unsupported language {', '.join(map(repr, unknown))}: this executor "
+            return _result(
+                1,
+                f"unsupported language {', '.join(map(repr, unknown))}: this executor "
                 "runs python and shell (sh, bash) blocks; nothing ran",
             )
         if self._gated and not self._take_approval(code_blocks):
-            return CodeResult(
-                exit_code=1,
-                output="not approved: these blocks were not approved by this executor's "
+            return _result(
+                1,
+                "not approved: these blocks were not approved by this executor's "
                 "approval_func; nothing ran",
             )
-        outputs: list[str] = []
-        exit_code = 0
-        for block in code_blocks:
-            if cancellation_token.is_cancelled():
-                raise asyncio.CancelledError
-            try:
-                run = await self._run(container, block, cancellation_token)
-            except SandboxError as exc:
-                return CodeResult(exit_code=1, output="".join(outputs) + f"sandbox error: {exc}")
-            outputs.append(run.output)
-            exit_code = run.exit_code
-            if exit_code != 0:
-                break
-        return CodeResult(exit_code=exit_code, output="".join(outputs))
+        return await self._run_all(container, code_blocks, cancellation_token)
 
-    async def _run(self, container: Container, block: CodeBlock, token: CancellationToken) -> Run:
+    async def _run_all(
+        self, container: Container, blocks: list[CodeBlock], token: CancellationToken
+    ) -> CommandLineCodeResult:
+        outputs: list[str] = []
+        files: list[str] = []
+        exit_code = 0
+        try:
+            for block in blocks:
+                if token.is_cancelled():
+                    raise asyncio.CancelledError
+                try:
+                    name = compat.code_filename(block.code, self.work_dir) or _tmp_name(block)
+                except ValueError:
+                    outputs.append("Filename is not in the workspace")
+                    exit_code = 1
+                    break
+                files.append(name)
+                try:
+                    run = await self._run(container, block, token, name)
+                except SandboxError as exc:
+                    outputs.append(f"sandbox error: {exc}")
+                    exit_code = 1
+                    break
+                outputs.append(run.output)
+                exit_code = run.exit_code
+                if exit_code != 0:
+                    break
+        finally:
+            if self._delete_tmp_files and files:
+                await asyncio.to_thread(container.shell, ["rm", "-f", "--", *files])
+        code_file = str(self.work_dir / files[0]) if files else None
+        return _result(exit_code, "".join(outputs), code_file)
+
+    async def _run(
+        self, container: Container, block: CodeBlock, token: CancellationToken, save: str
+    ) -> Run:
         """One block, with its timeout and cancellation; a stopped block is killed alone."""
         marker = secrets.token_hex(8)
         loop = asyncio.get_running_loop()
@@ -254,7 +348,9 @@ class SandboxCodeExecutor(CodeExecutor):
         token.add_callback(on_cancel)
         interpreter = INTERPRETERS[block.language.lower()]
         job = asyncio.ensure_future(
-            asyncio.to_thread(container.run, interpreter, block.code, marker)
+            asyncio.to_thread(
+                container.run, interpreter, block.code, marker, f"{compat.WORKSPACE}/{save}"
+            )
         )
         waiter = asyncio.ensure_future(cancelled.wait())
         try:
@@ -276,7 +372,17 @@ class SandboxCodeExecutor(CodeExecutor):
             run.output + f"\nTimeout: the block ran longer than {self._timeout}s and was stopped",
         )
 
-    def _allow(self, blocks: Sequence[CodeBlock]) -> None:
+    @property
+    def served_paths(self) -> sandbox.SandboxPaths:
+        """The sandbox's dirs (outbox, results); once started."""
+        return self._paths
+
+    def require_approval(self) -> None:
+        """From now on run only blocks `allow` let through (approval_func's executor)."""
+        self._gated = True
+
+    def allow(self, blocks: Sequence[CodeBlock]) -> None:
+        """Let these blocks, exactly, run once."""
         digest = _digest(blocks)
         self._approved[digest] = self._approved.get(digest, 0) + 1
 
@@ -289,6 +395,15 @@ class SandboxCodeExecutor(CodeExecutor):
         return True
 
 
+def _result(exit_code: int, output: str, code_file: str | None = None) -> CommandLineCodeResult:
+    return CommandLineCodeResult(exit_code=exit_code, output=output, code_file=code_file)
+
+
+def _tmp_name(block: CodeBlock) -> str:
+    digest = hashlib.sha256(block.code.encode("utf-8")).hexdigest()
+    return f"tmp_code_{digest}.{block.language.lower()}"
+
+
 async def _kill(container: Container, marker: str, job: asyncio.Future[Run]) -> Run:
     await asyncio.to_thread(container.kill, marker)
     return await job
@@ -299,89 +414,7 @@ def _digest(blocks: Sequence[CodeBlock]) -> str:
     return hashlib.sha256(json.dumps(pairs, ensure_ascii=False).encode()).hexdigest()
 
 
-# -- the approval gate ----------------------------------------------------------------
-
-
-def approval_func(
-    config: str | os.PathLike[str] | None = None,
-    *,
-    executor: SandboxCodeExecutor | None = None,
-    sandbox_id: str | None = None,
-) -> ApprovalFunc:
-    """An async `approval_func` for `CodeExecutorAgent` that asks the broker.
-
-    Each call files the code (and the conversation's last messages) as a
-    `code.execute` request: in `executor`'s sandbox when given (and then that executor
-    runs only code approved this way), else in `sandbox_id`, else in a sandbox named
-    for the agent, which a running `broker serve` must serve. It returns
-    `ApprovalResponse(approved, reason)` with the reviewer's reason, the policy's on an
-    automatic decision, or the expiry's. If the agent's run is cancelled meanwhile, the
-    request is withdrawn: it ends `denied`, and the audit log says why.
-    """
-    if executor is not None and sandbox_id is not None:
-        raise ValueError("give approval_func an executor or a sandbox_id, not both")
-    if executor is not None:
-        executor._gated = True
-    cfg = None if executor is not None else load_config(Path(config) if config else None)
-
-    async def approve(request: ApprovalRequest) -> ApprovalResponse:
-        blocks = parse_blocks(request.code)
-        try:
-            where = await asyncio.to_thread(_where, executor, cfg, sandbox_id, request)
-        except BrokerError as exc:
-            return ApprovalResponse(approved=False, reason=f"denied: {exc}; nothing ran")
-        decision = await gate.ask(where[0], where[1], blocks, context_of(request.context))
-        if decision.approved and executor is not None:
-            executor._allow([CodeBlock(code=b["code"], language=b["language"]) for b in blocks])
-        return ApprovalResponse(approved=decision.approved, reason=decision.reason)
-
-    return approve
-
-
-def _where(
-    executor: SandboxCodeExecutor | None,
-    cfg: Config | None,
-    sandbox_id: str | None,
-    request: ApprovalRequest,
-) -> tuple[Config, sandbox.SandboxPaths]:
-    """The configuration and served sandbox a request is filed in."""
-    if executor is not None:
-        if not executor.running:
-            raise SandboxError("the executor has not started")
-        return executor.config, executor._paths
-    assert cfg is not None
-    if not ownership.served(cfg.state_dir):
-        raise SandboxError(
-            f"no broker serves {cfg.state_dir}; start one with `broker serve` "
-            "(or pass approval_func the executor)"
-        )
-    name = sandbox_id or _agent_sandbox(request)
-    return cfg, hosting.served_by_running(cfg, name).detach().paths
-
-
-def parse_blocks(code: str) -> list[dict[str, str]]:
-    """The blocks in an ApprovalRequest's code (AutoGen joins them as fenced blocks)."""
-    blocks = [
-        {"language": m.group(1).strip() or "text", "code": m.group(2)}
-        for m in _FENCE.finditer(code)
-    ]
-    return blocks or [{"language": "text", "code": code}]
-
-
-def context_of(messages: Sequence[Any], limit: int = CONTEXT_MESSAGES) -> list[dict[str, str]]:
-    """The conversation's last messages, as a reviewer reads them (system prompt left out)."""
-    said = []
-    for message in messages:
-        if type(message).__name__ == "SystemMessage":
-            continue
-        source = getattr(message, "source", None) or type(message).__name__
-        content = message.content if isinstance(message.content, str) else str(message.content)
-        said.append({"source": str(source)[:200], "content": content[:20000]})
-    return said[-limit:]
-
-
-def _agent_sandbox(request: ApprovalRequest) -> str:
-    sources = [getattr(m, "source", None) for m in request.context]
-    name = next((s for s in reversed(sources) if isinstance(s, str) and s), "autogen")
-    cleaned = _SANDBOX_ID.sub("-", name).strip("-.")[:64]
-    return cleaned if cleaned[:1].isalnum() else f"agent-{cleaned}"[:64]
+from broker.integrations.autogen_approval import (  # noqa: E402  (re-exported)
+    ApprovalFunc,
+    approval_func,
+)

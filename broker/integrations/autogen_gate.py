@@ -27,6 +27,7 @@ from broker.config import Config
 from broker.errors import BrokerError
 from broker.hosting import sandbox
 from broker.models import Request
+from effects.code import canonical_language
 
 __all__ = ["EFFECT", "WITHDRAWN", "Decision", "ask", "withdraw"]
 
@@ -53,15 +54,25 @@ async def ask(
     paths: sandbox.SandboxPaths,
     blocks: Sequence[Mapping[str, str]],
     context: Sequence[Mapping[str, str]] = (),
+    *,
+    runs_in: str = "sandbox",
 ) -> Decision:
-    """File a code.execute request for `blocks` and wait for the broker's terminal answer."""
+    """File a code.execute request for `blocks` and wait for the broker's terminal answer.
+
+    `runs_in` says where the code will run: "sandbox" (an executor bound to this
+    sandbox) or "host" (the caller's own process). The params are written in
+    code.execute's canonical form, so the request the broker decides is byte for byte
+    the one filed (its sha256 binds the approval)."""
     request = Request(
         sandbox=paths.sandbox_id,
         id=uuid.uuid4().hex,
         name="",
         effect=EFFECT,
         params={
-            "blocks": [{"language": b["language"], "code": b["code"]} for b in blocks],
+            "blocks": [
+                {"language": canonical_language(b["language"]), "code": b["code"]} for b in blocks
+            ],
+            "runs_in": runs_in,
             "context": [{"source": m["source"], "content": m["content"]} for m in context],
         },
     )

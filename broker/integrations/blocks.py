@@ -57,10 +57,17 @@ while True:
         pass
 """
 
-# One block: code from stdin into a memfd, stdin from /dev/null, then the interpreter.
+# One block: code from stdin into a memfd (and a copy into $BROKER_SAVE, written with
+# the sandbox's own rights, for AutoGen's code_file), stdin from /dev/null, then the
+# interpreter. The memfd, not the copy, runs: the copy can be rewritten meanwhile.
 BOOT = """
 import os, sys
 code = sys.stdin.buffer.read()
+save = os.environ.pop("BROKER_SAVE", "")
+if save:
+    os.makedirs(os.path.dirname(save) or ".", exist_ok=True)
+    with open(save, "wb") as f:
+        f.write(code)
 fd = os.memfd_create("block", 0)
 view = memoryview(code)
 while view:
@@ -129,8 +136,13 @@ class Container:
         limits: sandbox.SandboxLimits,
         env: dict[str, str],
         workspace: Any,
+        user: str = f"{sandbox.SANDBOX_UID}:{sandbox.SANDBOX_UID}",
+        name: str | None = None,
+        read_only_mounts: dict[str, str] | None = None,
+        labels: dict[str, str] | None = None,
     ) -> None:
         self._client = client
+        self._user = user
         self._container = sandbox.start(
             client,
             paths,
@@ -139,15 +151,18 @@ class Container:
             limits=limits,
             env=env,
             workspace=workspace,
-            name=f"broker-{paths.sandbox_id}-{int(REAL.time() * 1000) % 10**8}",
+            name=name or f"broker-{paths.sandbox_id}-{int(REAL.time() * 1000) % 10**8}",
+            read_only_mounts=read_only_mounts,
+            labels=labels,
         )
 
     @property
     def id(self) -> str:
         return str(self._container.id)
 
-    def run(self, interpreter: Sequence[str], code: str, token: str) -> Run:
-        """Run `code` with `interpreter`; returns when the block's main process ends."""
+    def run(self, interpreter: Sequence[str], code: str, token: str, save: str = "") -> Run:
+        """Run `code` with `interpreter`; returns when the block's main process ends.
+        `save`, a path below /workspace, gets a copy of the code first."""
         api = self._client.api
         try:
             exec_id = api.exec_create(
@@ -157,9 +172,9 @@ class Container:
                 stdout=True,
                 stderr=True,
                 tty=False,
-                user=f"{sandbox.SANDBOX_UID}:{sandbox.SANDBOX_UID}",
+                user=self._user,
                 workdir="/workspace",
-                environment={"BROKER_BLOCK": token},
+                environment={"BROKER_BLOCK": token, "BROKER_SAVE": save},
             )["Id"]
             stream: Any = api.exec_start(exec_id, socket=True)
         except docker.errors.DockerException as exc:
@@ -184,11 +199,18 @@ class Container:
     def kill(self, token: str) -> None:
         """Kill the block marked `token` (every process it started); nothing else."""
         try:
-            self._container.exec_run(
-                ["python3", "-c", KILL, token], user=f"{sandbox.SANDBOX_UID}:{sandbox.SANDBOX_UID}"
-            )
+            self._container.exec_run(["python3", "-c", KILL, token], user=self._user)
         except docker.errors.DockerException as exc:
             raise SandboxError(f"cannot stop the block: {exc}") from exc
+
+    def shell(self, command: Sequence[str]) -> tuple[int, str]:
+        """Run a short command as the blocks' user (an init command, a file's removal)."""
+        try:
+            done = self._container.exec_run(list(command), user=self._user, workdir="/workspace")
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"cannot run {command[0]} in the sandbox: {exc}") from exc
+        output = done.output if isinstance(done.output, bytes) else b""
+        return int(done.exit_code or 0), output.decode("utf-8", "replace")
 
     def remove(self) -> None:
         """Remove the container (every block with it) and close the engine connection."""

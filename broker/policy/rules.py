@@ -32,6 +32,7 @@ RULE_KEYS = {"effect", "when", "action", "reason", "approvals", "timeout", "on_t
 RULE_KEYS |= {*SURFACE_KEYS, "protected_paths", "after"}
 AFTER_KEYS = {"effect", "when", "within"}
 PROTECTED_RULE = "protected_paths"
+RUNS_IN_SANDBOX = "sandbox"
 DEFAULT_TIMEOUT_S = 3600.0
 
 # effect name -> does its handler declare it reversible? (the registered effects)
@@ -57,7 +58,17 @@ class _Each(tuple[Any, ...]):
     """The values a path through a list reached; a condition must hold for each."""
 
 
+def _outside_sandbox(when: Mapping[str, Any], params: Mapping[str, Any]) -> bool:
+    """A request that declares it runs outside a sandbox (`runs_in` other than
+    "sandbox", e.g. code.execute for the caller's own process) is matched only by a rule
+    that names `runs_in`: a rule written for sandboxed code never decides for it."""
+    runs_in = params.get("runs_in", RUNS_IN_SANDBOX)
+    return runs_in != RUNS_IN_SANDBOX and "runs_in" not in when
+
+
 def _when_matches(when: Mapping[str, Any], params: Mapping[str, Any]) -> bool:
+    if _outside_sandbox(when, params):
+        return False
     for key, expected in when.items():
         found, actual = _lookup(params, key)
         if not found or not _value_matches(expected, actual):
@@ -136,6 +147,11 @@ class Rule:
         """Why this rule does or does not match, in one line."""
         if not fnmatchcase(effect, self.effect):
             return f"effect {effect!r} does not match {self.effect!r}"
+        if _outside_sandbox(self.when, params):
+            return (
+                f"params.runs_in = {params.get('runs_in')!r}: only a rule naming runs_in "
+                "matches code that runs outside a sandbox"
+            )
         for key, expected in self.when.items():
             found, actual = _lookup(params, key)
             if not found:

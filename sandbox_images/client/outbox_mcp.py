@@ -12,26 +12,41 @@ applied either: its reason says so and what the policy would have done).
 
 Standard library only, like outbox.py: the sandbox has no network to install the SDK
 from, and the few methods a tools-only server needs (``initialize``, ``ping``,
-``tools/list``, ``tools/call``, cancellation) are small enough to write out. It speaks
-the initialize-handshake revisions of the protocol, newest first; a client that probes
+``tools/list``, ``tools/call``, ``logging/setLevel``, cancellation) are small enough to
+write out. It agrees only to revisions whose rules it keeps (PROTOCOL_VERSIONS):
+2025-03-26, which requires JSON-RPC batches, is not among them. A client that probes
 ``server/discover`` (the stateless 2026 revision) gets "method not found" and falls
-back to ``initialize``, as the protocol asks of it.
+back to ``initialize``, as the protocol asks of it. No input ends it: a line over
+MAX_LINE bytes, nested deeper than MAX_DEPTH or not JSON is answered with a JSON-RPC
+error and the session goes on.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 import threading
 import time
 from typing import Any, BinaryIO
 
 import outbox
+from outbox_mcp_tools import call_result, error_result, pending_text, still_pending, tool
 
-__all__ = ["PROTOCOL_VERSIONS", "Server", "serve"]
+__all__ = ["PROTOCOL_VERSIONS", "Server", "call_result", "serve", "tool"]
 
-PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
-"""The revisions this server speaks, newest first (the mcp SDK's handshake revisions)."""
+PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18", "2024-11-05")
+"""The revisions this server speaks, newest first. 2025-03-26 is left out: it requires
+receiving JSON-RPC batches, which this server (like 2025-06-18 on) refuses."""
+PLAIN_VERSIONS = frozenset({"2024-11-05"})
+"""Revisions without tool titles, annotations, output schemas, structured content or a
+progress message: those fields are left out of what such a session is sent."""
+MAX_LINE = 16 * 1024 * 1024  # bytes of one JSON-RPC message; a longer line is refused
+MAX_DEPTH = 64  # nesting of one message; deeper is refused before it is parsed
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')  # a JSON string, escapes included
+_BRACKET = re.compile(rb"[\[\]{}]")
+LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 SERVER_INFO = {"name": "outbox", "title": "Sandbox outbox", "version": str(outbox.VERSION)}
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = (
     -32700,
@@ -69,12 +84,20 @@ class Server:
         self._lock = threading.Lock()
         self._calls: dict[Any, threading.Event] = {}  # request id -> cancelled
         self._closed = threading.Event()
+        self._version = PROTOCOL_VERSIONS[0]
+        self._log_level: int | None = None  # None: the client asked for no log messages
 
     def run(self) -> int:
         """Answer messages until stdin closes; returns the exit status (0)."""
         try:
-            for line in self._reader:
-                if line.strip():
+            while True:
+                line = self._reader.readline(MAX_LINE + 1)
+                if not line:
+                    break
+                if len(line) > MAX_LINE and not line.endswith(b"\n"):
+                    self._skip_rest()
+                    self._error(None, INVALID_REQUEST, f"Invalid Request: over {MAX_LINE} bytes")
+                elif line.strip():
                     self._handle(line)
         finally:
             self._closed.set()
@@ -82,13 +105,25 @@ class Server:
                 cancelled.set()
         return 0
 
+    def _skip_rest(self) -> None:
+        while True:
+            chunk = self._reader.readline(MAX_LINE)
+            if not chunk or chunk.endswith(b"\n"):
+                return
+
     # -- one message -------------------------------------------------------------
 
     def _handle(self, line: bytes) -> None:
+        if _depth(line) > MAX_DEPTH:
+            self._error(None, INVALID_REQUEST, f"Invalid Request: nested over {MAX_DEPTH} deep")
+            return
         try:
             message = json.loads(line.decode("utf-8"), parse_constant=_no_constant)
-        except (UnicodeDecodeError, ValueError) as exc:
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             self._error(None, PARSE_ERROR, f"Parse error: not a JSON message ({exc})")
+            return
+        if isinstance(message, list):
+            self._error(None, INVALID_REQUEST, "Invalid Request: batches are not accepted")
             return
         if not isinstance(message, dict):
             self._error(None, INVALID_REQUEST, "Invalid Request: send one JSON object per line")
@@ -129,17 +164,24 @@ class Server:
     def _answer(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         if method == "initialize":
             asked = params.get("protocolVersion")
-            version = asked if asked in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[0]
+            self._version = asked if asked in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[0]
             return {
-                "protocolVersion": version,
-                "capabilities": {"tools": {"listChanged": False}},
+                "protocolVersion": self._version,
+                "capabilities": {"tools": {"listChanged": False}, "logging": {}},
                 "serverInfo": SERVER_INFO,
                 "instructions": INSTRUCTIONS,
             }
         if method == "ping":
             return {}
         if method == "tools/list":
-            return {"tools": [tool(e) for e in _effects()]}
+            plain = self._version in PLAIN_VERSIONS
+            return {"tools": [tool(e, plain=plain) for e in _effects()]}
+        if method == "logging/setLevel":
+            level = params.get("level")
+            if level not in LOG_LEVELS:
+                raise _Reply(INVALID_PARAMS, f"Invalid params: level must be one of {LOG_LEVELS}")
+            self._log_level = LOG_LEVELS.index(level)
+            return {}
         raise _Reply(METHOD_NOT_FOUND, f"Method not found: {method}")
 
     def _notification(self, method: str, params: Any) -> None:
@@ -181,11 +223,17 @@ class Server:
     ) -> None:
         try:
             written = outbox.request(name, arguments, wait=False)
-            answer = self._wait(str(written["id"]), token, cancelled)
-            if answer is not None:  # None: cancelled, and a cancelled call gets no reply
-                self._send({"jsonrpc": "2.0", "id": rid, "result": call_result(answer)})
+            request_id = str(written["id"])
+            self._log("info", f"{name}: filed as request {request_id}")
+            answer = self._wait(request_id, token, cancelled)
+            if answer is None:  # cancelled, and a cancelled call gets no reply
+                self._log("notice", _withdraw(request_id))
+                return
+            self._log("info", f"{name}: request {request_id} {answer.get('status')}")
+            plain = self._version in PLAIN_VERSIONS
+            self._send({"jsonrpc": "2.0", "id": rid, "result": call_result(answer, plain=plain)})
         except (outbox.OutboxError, ValueError) as exc:
-            self._send({"jsonrpc": "2.0", "id": rid, "result": _error_result(str(exc))})
+            self._send({"jsonrpc": "2.0", "id": rid, "result": error_result(str(exc))})
         except Exception as exc:
             self._error(rid, INTERNAL_ERROR, f"Internal error: {type(exc).__name__}: {exc}")
         finally:
@@ -209,26 +257,30 @@ class Server:
                 if current is not None and status not in (None, "pending"):
                     return current  # a status this client does not know: terminal, not applied
                 if current is not None and token is not None:
-                    text = _pending_text(current)
+                    text = pending_text(current)
                     if text != last_said or time.monotonic() - said_at >= HEARTBEAT_S:
                         progress += 1
                         self._progress(token, progress, text)
                         last_said, said_at = text, time.monotonic()
                 if deadline is not None and time.monotonic() >= deadline:
-                    return _still_pending(request_id, self._timeout or 0.0, current)
+                    return still_pending(request_id, self._timeout or 0.0, current)
                 watcher.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
             return None
         finally:
             watcher.close()
 
     def _progress(self, token: Any, progress: int, message: str) -> None:
-        self._send(
-            {
-                "jsonrpc": "2.0",
-                "method": "notifications/progress",
-                "params": {"progressToken": token, "progress": progress, "message": message},
-            }
-        )
+        params: dict[str, Any] = {"progressToken": token, "progress": progress}
+        if self._version not in PLAIN_VERSIONS:
+            params["message"] = message
+        self._send({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
+
+    def _log(self, level: str, text: str) -> None:
+        """A notifications/message, when the client asked for this level or a lower one."""
+        if self._log_level is None or LOG_LEVELS.index(level) < self._log_level:
+            return
+        params = {"level": level, "logger": "outbox", "data": text}
+        self._send({"jsonrpc": "2.0", "method": "notifications/message", "params": params})
 
     # -- output --------------------------------------------------------------------
 
@@ -245,73 +297,35 @@ class Server:
                 self._closed.set()
 
 
-def tool(effect: dict[str, Any]) -> dict[str, Any]:
-    """One catalogue entry as an MCP tool."""
-    reversible = bool(effect.get("reversible"))
-    idempotent = bool(effect.get("idempotent"))
-    approval = (effect.get("approval") or {}).get("summary") or "as the host's policy says"
-    undo = effect.get("undo") or ""
-    description = (
-        f"{effect.get('description') or effect.get('name')}. "
-        f"{'Reversible' if reversible else 'Irreversible'}: {undo}. "
-        f"Approval: {approval}."
-    )
-    schema = effect.get("params_schema")
-    return {
-        "name": effect.get("name"),
-        "title": effect.get("name"),
-        "description": description,
-        "inputSchema": schema if isinstance(schema, dict) else {"type": "object"},
-        "annotations": {
-            "readOnlyHint": False,
-            "destructiveHint": not reversible,
-            "idempotentHint": idempotent,
-            "openWorldHint": True,
-        },
-    }
-
-
-def call_result(result: dict[str, Any]) -> dict[str, Any]:
-    """A terminal outbox result as an MCP tools/call result."""
-    status = str(result.get("status"))
-    lines = [f"{status}: {result.get('reason') or status}"]
-    for issue in result.get("errors") or []:
-        if isinstance(issue, dict):
-            lines.append(f"- {issue.get('path')}: {issue.get('message')} ({issue.get('code')})")
-    content = [{"type": "text", "text": "\n".join(lines)}]
-    content.append({"type": "text", "text": json.dumps(result, indent=2, ensure_ascii=False)})
-    return {"content": content, "structuredContent": result, "isError": status != "applied"}
-
-
-def _error_result(reason: str) -> dict[str, Any]:
-    return {"content": [{"type": "text", "text": f"failed: {reason}"}], "isError": True}
-
-
-def _still_pending(request_id: str, timeout: float, last: dict[str, Any] | None) -> dict[str, Any]:
-    where = _pending_text(last) if last else "no result yet"
-    return {
-        "version": outbox.VERSION,
-        "id": request_id,
-        "status": "pending",
-        "reason": (
-            f"still pending after {timeout:g}s ({where}); "
-            f"check later with: outbox result {request_id}"
-        ),
-    }
-
-
-def _pending_text(result: dict[str, Any]) -> str:
-    text = f"pending: {result.get('reason') or 'waiting for a decision'}"
-    if result.get("expires_at"):
-        text += f" (decided by {result['expires_at']} at the latest)"
-    return text
-
-
 def _effects() -> list[dict[str, Any]]:
     try:
         return list(outbox.catalogue(timeout=CATALOGUE_WAIT_S)["effects"])
     except outbox.OutboxError as exc:
         raise _Reply(INTERNAL_ERROR, str(exc)) from exc
+
+
+def _withdraw(request_id: str) -> str:
+    """Take a cancelled call's request back if no broker has read it yet; say what became
+    of it (a claimed one stays with the broker: the sandbox cannot decide it)."""
+    try:
+        os.unlink(os.path.join(outbox._outbox_dir(), f"{request_id}.json"))
+    except OSError:
+        return (
+            f"cancelled: request {request_id} stays with the broker, which decides it "
+            f"(see: outbox result {request_id})"
+        )
+    return f"cancelled: request {request_id} withdrawn before the broker read it"
+
+
+def _depth(line: bytes) -> int:
+    """How deeply the brackets of a JSON text nest (strings skipped), without recursion."""
+    if line.count(b"[") + line.count(b"{") <= MAX_DEPTH:
+        return 0  # too few brackets to nest too deep: the common case, at C speed
+    depth = deepest = 0
+    for bracket in _BRACKET.findall(_STRING.sub(b"", line)):
+        depth += 1 if bracket in b"[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
 
 
 def _no_constant(name: str) -> Any:

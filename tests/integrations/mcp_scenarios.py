@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import warnings
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 import mcp_types
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp_types.version import LATEST_HANDSHAKE_VERSION
 
 from tests.integrations.conftest import Host
@@ -187,3 +189,36 @@ def answers_malformed(command: Sequence[str], env: dict[str, str] | None = None)
 
 def client_env(outbox: Path, results: Path) -> dict[str, str]:
     return {"OUTBOX_DIR": str(outbox), "RESULTS_DIR": str(results)}
+
+
+async def spec_features(command: Sequence[str], env: dict[str, str], host: Host) -> None:
+    """Tool titles and annotations from the effect's flags, an outputSchema the SDK
+    checks every successful result against, and log messages once the client asks."""
+    said: list[Any] = []
+
+    async def on_log(params: Any) -> None:
+        said.append(params)
+
+    params = StdioServerParameters(command=command[0], args=list(command[1:]), env=env)
+    async with (
+        stdio_client(params) as (read, write),
+        ClientSession(read, write, logging_callback=on_log) as client,
+    ):
+        await client.initialize()
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        code, files = tools["code.execute"], tools["files.write"]
+        assert code.annotations is not None and code.annotations.destructive_hint is True
+        assert files.annotations is not None and files.annotations.destructive_hint is False
+        assert files.title and files.title.startswith("files.write — ")
+        assert files.output_schema is not None and "status" in files.output_schema["required"]
+        with warnings.catch_warnings():  # deprecated from the 2026-07-28 revision on; in ours
+            warnings.simplefilter("ignore", MCPDeprecationWarning)
+            await client.set_logging_level("info")
+        result = await client.call_tool("files.write", {"path": "logged.txt", "content": "x"})
+        assert result.is_error is False  # and the SDK validated it against outputSchema
+        assert result.structured_content is not None
+        assert result.structured_content["status"] == "applied"
+        texts = [str(p.data) for p in said]
+        assert any(t.startswith("files.write: filed as request") for t in texts), texts
+        assert any(t.endswith(" applied") for t in texts), texts
+        assert (host.exports / "logged.txt").read_text() == "x"

@@ -356,12 +356,16 @@ def test_approval_func_alone_files_in_a_sandbox_named_for_the_agent(
     host: Host, serve: Callable[..., subprocess.Popen[str]]
 ) -> None:
     """Without an executor, requests go to a sandbox named for the agent, served by the
-    running broker: python is approved by the policy; a shell block waits, and its card
-    shows the literal code and the conversation."""
+    running broker, and say the code runs in the caller's own process on the host: the
+    sandboxed-python rule does not decide them, a rule naming runs_in = "host" does; a
+    shell block waits, and its card shows where it runs, the code and the conversation."""
     from autogen_agentchat.agents import ApprovalRequest
     from autogen_core.models import AssistantMessage, UserMessage
 
-    host.policy(AUTO_PYTHON)
+    host.policy(
+        AUTO_PYTHON + '[[rules]]\neffect = "code.execute"\naction = "auto"\nreason = "fine"\n'
+        'when = { runs_in = "host", "blocks.language" = "python" }\n'
+    )
     serve()
     gate = approval_func(host.config)
 
@@ -375,7 +379,7 @@ def test_approval_func_alone_files_in_a_sandbox_named_for_the_agent(
     python = ask("```python\nprint(1)\n```")
     assert (python.approved, python.reason) == (
         True,
-        "applied automatically (rules[0]): python blocks run in a sandbox with no network",
+        "applied automatically (rules[1]): fine",
     )
     cards: list[str] = []
 
@@ -391,6 +395,7 @@ def test_approval_func_alone_files_in_a_sandbox_named_for_the_agent(
     thread.join(60)
     assert (shell.approved, shell.reason) == (False, "denied by dana: use python, not sh")
     assert "ls -la /workspace" in cards[0] and "count the files" in cards[0]
+    assert "the caller's own process on the host, with its rights" in cards[0]
 
 
 def _requests(host: Host) -> list[dict[str, Any]]:

@@ -103,7 +103,11 @@ def test_a_rule_on_block_language_needs_every_block_to_match(tmp_path: Path) -> 
             h.request("code.execute", {"blocks": [{"language": "python", "code": "print(1)"}]})
         )
         assert python["status"] == "applied"
-        assert python["output"] == {"approved_blocks": 1, "languages": ["python"]}
+        assert python["output"] == {
+            "approved_blocks": 1,
+            "languages": ["python"],
+            "runs_in": "sandbox",
+        }
         mixed = h.request(
             "code.execute",
             {
@@ -120,7 +124,10 @@ def test_a_rule_on_block_language_needs_every_block_to_match(tmp_path: Path) -> 
         record = h.broker.ledger.get(h.sandbox, mixed["id"])
         assert record is not None and record.preview is not None
         body = record.preview["body"]
-        assert "```python\nprint(1)\n```\n\n```sh\nrm -rf /workspace/*\n```" in body
+        assert (
+            "block 1 of 2: python, 1 line(s)\n│ print(1)\n\n"
+            "block 2 of 2: sh, 1 line(s)\n│ rm -rf /workspace/*"
+        ) in body
         assert "[user] clean up the workspace" in body
         assert "the agents' words, not checked" in body
 

@@ -145,3 +145,7 @@ def test_a_staged_call_is_an_error_that_says_nothing_was_applied(
     assert list(host.exports.rglob("a.txt")) == []
     banner = (host.base / "serve-0.log").read_text()
     assert "STAGED MODE for every effect: nothing of it is applied" in banner
+
+
+def test_titles_annotations_output_schema_and_logging(attached: dict[str, str], host: Host) -> None:
+    asyncio.run(scenario.spec_features(SERVER, attached, host))

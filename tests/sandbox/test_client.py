@@ -39,7 +39,9 @@ def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]
     )
 
 
-@pytest.mark.parametrize("module", ["outbox.py", "outbox_cli.py", "outbox_mcp.py"])
+@pytest.mark.parametrize(
+    "module", ["outbox.py", "outbox_cli.py", "outbox_mcp.py", "outbox_mcp_tools.py"]
+)
 def test_client_is_plain_python_38(module: str) -> None:
     """The client (and its MCP server) parses as Python 3.8 and imports nothing outside
     the standard library but each other."""
@@ -50,7 +52,7 @@ def test_client_is_plain_python_38(module: str) -> None:
             imported |= {alias.name.split(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.add(node.module.split(".")[0])
-    mine = {"__future__", "outbox", "outbox_cli", "outbox_mcp"}
+    mine = {"__future__", "outbox", "outbox_cli", "outbox_mcp", "outbox_mcp_tools"}
     assert imported <= set(sys.stdlib_module_names) | mine
 
 

@@ -1,0 +1,120 @@
+"""The agent integrations, measured: a trivial Python block through SandboxCodeExecutor
+(an auto rule) beside the same block through AutoGen's DockerCommandLineCodeExecutor on
+the same image, and an MCP tools/call of bench.noop through `outbox mcp`.
+
+Both executors run in this process, one after the other, on the agent image; start-up is
+timed apart from the blocks. The MCP server is the in-sandbox client as a host process
+(attach mode) on a broker in a thread with bench.noop registered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.handlers import Noop
+
+CLIENT = Path(__file__).resolve().parents[1] / "sandbox_images" / "client" / "outbox.py"
+BLOCK = "print(6 * 7)\n"
+AUTO = '[[rules]]\neffect = "code.execute"\naction = "auto"\nreason = "bench"\n'
+
+
+def executors(blocks: int, starts: int = 3) -> dict[str, Any]:
+    """Start-up seconds (each executor started `starts` times after one warm-up start,
+    which pays this process's first imports) and per-block seconds of both."""
+    from autogen_core import CancellationToken
+    from autogen_core.code_executor import CodeBlock
+    from autogen_ext.code_executors.docker import DockerCommandLineCodeExecutor
+
+    from broker.hosting import sandbox
+    from broker.integrations.autogen import SandboxCodeExecutor
+
+    base = Path(tempfile.mkdtemp(prefix="bench-agents-"))
+    (base / "policy.toml").write_text(AUTO)
+    config = base / "broker.toml"
+    config.write_text('[broker]\nstate_dir = "state"\npolicy = "policy.toml"\n')
+    image = sandbox.ensure_image(sandbox.engine(), log=lambda text: None)
+
+    async def timed(make: Any) -> tuple[list[float], list[float]]:
+        started = []
+        for n in range(starts + 1):
+            executor = make()
+            t0 = time.perf_counter()
+            await executor.start()
+            if n:
+                started.append(time.perf_counter() - t0)
+            if n < starts:
+                await executor.stop()
+        each = []
+        try:
+            for _ in range(blocks):
+                t = time.perf_counter()
+                done = await executor.execute_code_blocks(
+                    [CodeBlock(BLOCK, "python")], CancellationToken()
+                )
+                each.append(time.perf_counter() - t)
+                assert done.exit_code == 0 and done.output.strip() == "42", done.output
+        finally:
+            await executor.stop()
+        return started, each
+
+    ours = asyncio.run(timed(lambda: SandboxCodeExecutor(config)))
+    work = base / "autogen"
+    work.mkdir()
+    os.chmod(work, 0o777)  # AutoGen's container runs as the image's uid 10001
+    theirs = asyncio.run(timed(lambda: DockerCommandLineCodeExecutor(image=image, work_dir=work)))
+    return {
+        "ours_start_s": ours[0],
+        "ours_block_s": ours[1],
+        "autogen_start_s": theirs[0],
+        "autogen_block_s": theirs[1],
+    }
+
+
+def mcp_calls(cells: Path, calls: int) -> list[float]:
+    """Seconds per tools/call of bench.noop, one JSON-RPC line at a time."""
+    from broker.testing import BrokerHarness
+
+    with BrokerHarness(cells / "mcp", handlers=[Noop()]) as harness:
+        env = {
+            **os.environ,
+            "OUTBOX_DIR": str(harness.outbox),
+            "RESULTS_DIR": str(harness.results),
+        }
+        server = subprocess.Popen(
+            [sys.executable, str(CLIENT), "mcp"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        assert server.stdin is not None and server.stdout is not None
+
+        def ask(rid: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
+            line = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
+            server.stdin.write(json.dumps(line).encode() + b"\n")  # type: ignore[union-attr]
+            server.stdin.flush()  # type: ignore[union-attr]
+            while True:
+                reply: dict[str, Any] = json.loads(server.stdout.readline())  # type: ignore[union-attr]
+                if reply.get("id") == rid:
+                    return reply
+
+        try:
+            ask(0, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+            ask(1, "tools/list", {})
+            took = []
+            for n in range(calls):
+                t = time.perf_counter()
+                reply = ask(n + 2, "tools/call", {"name": "bench.noop", "arguments": {}})
+                took.append(time.perf_counter() - t)
+                assert reply["result"]["isError"] is False, reply
+        finally:
+            server.stdin.close()
+            server.wait(30)
+    return took
