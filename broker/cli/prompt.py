@@ -4,6 +4,7 @@ the person at its terminal for each gated request."""
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,18 @@ QUESTION = (
     "[s]kip (decide elsewhere): "
 )
 VERDICTS = {"a": "approve", "p": "approve", "d": "deny"}
+ASK_REASON = "reason (the agent reads it): "
+AGAIN = "answer a, p, d or s (s leaves it to another surface or its deadline)"
+NEEDS_REASON = "a denial needs a reason: say what the agent should do instead"
+
+
+def later(ref: str) -> str:
+    """The exact commands that answer a request the prompt leaves open."""
+    shown = terminal(ref)
+    return (
+        f"it waits for its deadline, or `broker approve {shown}` or "
+        f'`broker deny {shown} --reason "what to do instead"`'
+    )
 
 
 def print_card(c: dict[str, Any]) -> None:
@@ -127,6 +140,7 @@ class Prompt:
         self.cfg = cfg
         self.registry = registry
         self.queue: queue.Queue[Record] = queue.Queue()
+        self.open: str | None = None  # the request a question is open about
         threading.Thread(target=self._run, name="broker-prompt", daemon=True).start()
 
     def __call__(self, record: Record) -> None:
@@ -152,19 +166,27 @@ class Prompt:
                 return
 
     def _ask(self, ledger: Store, current: Record) -> None:
-        """Show the card, read a verdict and a reason, and record them."""
+        """Show the card, read a verdict and a reason, and record them; a key it does not
+        know, or a denial without a reason, is asked again, never taken as an answer."""
         from broker.approval.decisions import Ballot, card, decide_and_wake
 
+        ref = f"{current.sandbox}/{current.id}"
         print_card(card(ledger, current, self.registry))
-        key = input(QUESTION).strip().lower()[:1]
-        verdict = VERDICTS.get(key)
-        if verdict is None:
-            out.print("skipped: it waits for `broker approve`/`broker deny` or its deadline")
-            return
-        reason = input("reason (the agent reads it): ").strip() or None
+        self.open = ref
+        try:
+            key = self._key()
+            if key == "s":
+                out.print(f"skipped: {later(ref)}")
+                return
+            verdict = VERDICTS[key]
+            reason = self._reason(verdict)
+        except EOFError:
+            out.print(f"\nnot answered: {later(ref)}")
+            raise
+        finally:
+            self.open = None
         who = identity(None, self.cfg)
         try:
-            ref = f"{current.sandbox}/{current.id}"
             decide_and_wake(
                 self.cfg, ledger, Ballot(ref, verdict, who, reason, "prompt", current.sha256)
             )
@@ -174,6 +196,36 @@ class Prompt:
             return
         if key == "p":
             self._propose(ledger, current, who)
+
+    @staticmethod
+    def _key() -> str:
+        while True:
+            key = input(QUESTION).strip().lower()[:1]
+            if key in VERDICTS or key == "s":
+                return key
+            out.print(AGAIN)
+
+    @staticmethod
+    def _reason(verdict: str) -> str | None:
+        while True:
+            reason = input(ASK_REASON).strip() or None
+            if reason is not None or verdict != "deny":
+                return reason
+            out.print(NEEDS_REASON)
+
+    def close(self) -> None:
+        """The run ended: a question still open is named with the commands that answer it,
+        and what the person typed for it is dropped, not handed to the shell."""
+        ref = self.open
+        if ref is None:
+            return
+        out.print(f"\nthe run ended before an answer: {later(ref)}")
+        try:
+            import termios
+
+            termios.tcflush(sys.stdin.fileno(), termios.TCIFLUSH)
+        except (ImportError, OSError, ValueError):
+            pass
 
     def _propose(self, ledger: Store, record: Record, who: str) -> None:
         """The narrowest rule for an approved request, as a proposal someone accepts."""

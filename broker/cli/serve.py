@@ -154,13 +154,14 @@ def run(
     with daemon(args, quiet=True) as d:
         if workspace is not None and not workspace.is_dir():
             fail(f"--workspace {workspace}: not a directory")
+        prompt = Prompt(d.cfg, d.registry) if sys.stdin.isatty() and not detach else None
         options = RunOptions(
             command=command,
             image=image,
             name=name,
             workspace=workspace.absolute() if workspace else None,
             detach=detach,
-            on_pending=Prompt(d.cfg, d.registry) if sys.stdin.isatty() and not detach else None,
+            on_pending=prompt,
             notifier=d.notifier,
             say=lambda text: err.print(terminal(text), highlight=False),
         )
@@ -168,6 +169,10 @@ def run(
         try:
             code = guarded(lambda: run_sandbox(d.cfg, d.registry, d.policy, options))
         except KeyboardInterrupt:
+            if prompt is not None:
+                prompt.close()
             err.print("interrupted: the sandbox was removed")
             raise typer.Exit(130) from None
+        if prompt is not None:
+            prompt.close()
     raise typer.Exit(code)
