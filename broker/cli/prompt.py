@@ -39,34 +39,69 @@ def later(ref: str) -> str:
     )
 
 
+def say(markup: str) -> None:
+    """A line of prose, wrapped at word boundaries to the terminal (a word longer than a
+    line is folded, never cropped)."""
+    out.print(markup, soft_wrap=False, overflow="fold")
+
+
 def print_card(c: dict[str, Any]) -> None:
     """The approval card, readable in five seconds; every untrusted string neutralised,
     and every character of it shown: lines wrap to the terminal, nothing is cropped."""
     what = c["what"]
     status = terminal(f"[{c['status']}]")
     # the header in full (a rule's title would crop the ref people copy), then a rule
-    out.print(f"[bold]{terminal(c['ref'])}[/]  {terminal(c['effect'] or '')}  {status}")
+    say(f"[bold]{terminal(c['ref'])}[/]  {terminal(c['effect'] or '')}  {status}")
     out.rule()
-    out.print(f"[bold]WHAT[/]   {terminal(what['title'])}")
-    out.print(f"[bold]WHERE[/]  {terminal(c['where'] or '')}")
+    say(f"[bold]WHAT[/]   {terminal(what['title'])}")
+    say(f"[bold]WHERE[/]  {terminal(c['where'] or '')}")
     for key, value in what["facts"]:
-        out.print(f"         {terminal(str(key))}: {terminal(str(value))}")
+        say(f"         {terminal(str(key))}: {terminal(str(value))}")
     _print_body(what)
     why = c["why"]
-    out.print(
-        f"[bold]WHY IT STOPPED[/]  {terminal(str(why['rule']))}: {terminal(str(why['reason']))}"
-    )
+    say(f"[bold]WHY IT STOPPED[/]  {terminal(str(why['rule']))}: {terminal(str(why['reason']))}")
     t = c["if_nobody_answers"]
     then = {"deny": "it is denied (fails closed)", "approve": "it is applied"}.get(
         t["on_timeout"] or "", "-"
     )
     if c["status"] == "pending":
         left = age(t["seconds_left"])
-        out.print(f"[bold]IF NOBODY ANSWERS[/]  by {t['expires_at']} (in {left}), {then}")
+        say(f"[bold]IF NOBODY ANSWERS[/]  by {t['expires_at']} (in {left}), {then}")
     if c["agent_reason"]:
         said = terminal(c["agent_reason"])
-        out.print(f"[bold]THE AGENT SAYS[/] [dim](its words, not verified)[/]: {said}")
+        say(f"[bold]THE AGENT SAYS[/] [dim](its words, not verified)[/]: {said}")
     _print_decisions(c)
+
+
+def _print_outcome(c: dict[str, Any]) -> None:
+    """What came back: the warning first, the links, the output, when and how long."""
+    say(f"[bold]OUTCOME[/]  {terminal(c['reason'] or '')}")
+    if c.get("warning"):
+        say(f"[bold yellow]WARNING[/]  {terminal(c['warning'])}")
+    for link in c.get("links") or []:
+        say(f"[bold]LINK[/]  {terminal(link['key'])}: {terminal(link['url'])}")
+    if c.get("output") is not None:
+        from broker.approval.card import output_text
+
+        say("[bold]WHAT CAME BACK[/]")
+        for gutter, piece, _ in body_rows(output_text(c["output"]), "json", out.width):
+            out.print(f"[dim]{gutter}[/]{terminal(piece)}", soft_wrap=False, crop=False)
+    spans = c.get("durations") or {}
+    took = ", ".join(
+        f"{label} {age(spans[key])}"
+        for key, label in (("waited_s", "waited"), ("apply_s", "applied in"), ("total_s", "total"))
+        if spans.get(key) is not None
+    )
+    if c.get("completed_at"):
+        say(f"[bold]COMPLETED[/]  {c['completed_at']}" + (f" ({took})" if took else ""))
+    steps = [
+        f"{s['step']}"
+        + (f" {s['at']}" if s["at"] else "")
+        + (f" by {terminal(s['by'])}" if s["by"] else "")
+        for s in c.get("timeline") or []
+    ]
+    if steps:
+        say(f"[bold]TIMELINE[/]  {' → '.join(steps)}")
 
 
 FIRST, MORE = "│ ", "┆ "  # a line of the content; the same line, continued
@@ -112,19 +147,19 @@ def _print_body(what: dict[str, Any]) -> None:
 def _print_decisions(c: dict[str, Any]) -> None:
     """Flags, approvals so far, the outcome and each decision; then the sha256 to quote."""
     flags = f"reversible: {_yn(c['reversible'])}, idempotent: {_yn(c['idempotent'])}"
-    out.print(f"[bold]FLAGS[/]  {flags}; undo: {terminal(c['undo'] or '-')}")
+    say(f"[bold]FLAGS[/]  {flags}; undo: {terminal(c['undo'] or '-')}")
     ap = c["approvals"]
     have = ", ".join(ap["have"]) or "none yet"
-    out.print(f"[bold]APPROVALS[/]  {len(ap['have'])} of {ap['needed']} ({terminal(have)})")
-    if c["status"] != "pending":
-        out.print(f"[bold]OUTCOME[/]  {terminal(c['reason'] or '')}")
+    say(f"[bold]APPROVALS[/]  {len(ap['have'])} of {ap['needed']} ({terminal(have)})")
     for d in c["decisions"]:
         said = f": {terminal(d['reason'])}" if d["reason"] else ""
-        out.print(
+        say(
             f"[bold]DECISION[/]  {d['at']} {terminal(d['approver'])} {d['verdict']} "
             f"via {d['surface']}{said}"
         )
-    out.print(f"[dim]request sha256 {c['request_sha256']}[/]")
+    if c["status"] != "pending":
+        _print_outcome(c)
+    say(f"[dim]request sha256 {c['request_sha256']}[/]")
 
 
 def _yn(flag: bool | None) -> str:

@@ -6,6 +6,7 @@ logger, every string from a sandbox or a person neutralised (broker.untrusted).
              then deny (rules[1])
     decided  default/3f6c… files.write: approved by alice via cli: checked it
     applied  default/3f6c… files.write
+    applied  default/9a01… http.request: applied, but the service answered HTTP 501 (WARNING)
 
 Outcomes the broker itself reached come from its audit events; outcomes decided in
 other processes (a person's denial at the CLI or in the inbox) from the results the
@@ -20,6 +21,7 @@ from typing import Any
 
 from broker.models import TERMINAL, Record
 from broker.observability.tap import Event
+from broker.outcomes import service_warning
 from broker.store.base import Store
 from broker.untrusted import neutralize
 
@@ -48,7 +50,7 @@ class ServeLog:
             line = self._line(event)
             if line is not None:
                 kind = str(event.get("event"))
-                level = logging.WARNING if kind in WARN else logging.INFO
+                level = logging.WARNING if kind in WARN or event.get("warning") else logging.INFO
                 if kind == "applying":
                     level = logging.DEBUG
                 log.log(level, "%s", line)
@@ -58,14 +60,15 @@ class ServeLog:
             if record.terminal and record.key not in self._told:
                 # decided elsewhere (or rewritten at start): the broker's stream has no event
                 ref = f"{_s(record.sandbox)}/{_s(record.id)}"
-                level = logging.WARNING if record.state in WARN else logging.INFO
+                warning = service_warning(record.state, record.output)
+                level = logging.WARNING if record.state in WARN or warning else logging.INFO
                 log.log(
                     level,
                     "%-8s %s %s: %s",
                     record.state,
                     ref,
                     _s(record.effect or "-"),
-                    _s(record.reason or ""),
+                    _s(warning or record.reason or ""),
                 )
 
     def _line(self, event: Event) -> str | None:
@@ -119,6 +122,8 @@ def _detail(kind: str, event: Event) -> str:
         return f": the same idempotency key as {_s(get('of'))}, so {_s(get('status'))}"
     if kind == "duplicate_id":
         return f": reused by other content (file {_s(get('name'))}.json); the first result stands"
+    if kind == "applied" and get("warning"):
+        return f": {_s(get('warning'))}"
     if kind in TERMINAL - {"applied"} and get("reason"):
         return f": {_s(get('reason'))}"
     return ""

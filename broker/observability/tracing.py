@@ -14,7 +14,9 @@ The root follows the GenAI semantic conventions for tool execution where they fi
 `gen_ai.operation.name = execute_tool`, `gen_ai.tool.name` (the effect),
 `gen_ai.tool.call.id` (the request id), `gen_ai.tool.type = function` (the agent
 supplies the arguments, the host executes), `gen_ai.tool.description`, and
-`error.type` for any outcome but `applied`. The params and the output stay out of
+`error.type` for any outcome but `applied`. An applied effect whose service answered an
+error status has `http.response.status_code`, `error.type` set to that code and an ERROR
+status, on the root and the apply span. The params and the output stay out of
 traces (the conventions make them opt-in: they may hold anything). Broker-specific
 attributes are under `broker.`. Every string from a sandbox is neutralised.
 """
@@ -40,6 +42,7 @@ from broker.events import Key
 from broker.lifecycle.timings import StageTimes
 from broker.models import Record
 from broker.observability.tap import Event
+from broker.outcomes import service_status, service_warning
 from broker.untrusted import neutralize
 
 REMEMBERED = 100_000
@@ -121,10 +124,12 @@ class Tracer:
                 child.name, context=context, start_time=child.start, attributes=child.attributes
             )
             if child.error:
-                span.set_status(Status(StatusCode.ERROR, _s(record.reason or "")))
+                said = service_warning(record.state, record.output) or record.reason or ""
+                span.set_status(Status(StatusCode.ERROR, _s(said)))
             span.end(child.end)
-        if record.state in BROKEN:
-            root.set_status(Status(StatusCode.ERROR, _s(record.reason or "")))
+        warning = service_warning(record.state, record.output)
+        if record.state in BROKEN or warning:
+            root.set_status(Status(StatusCode.ERROR, _s(warning or record.reason or "")))
         root.end(end)
 
     def _children(self, record: Record) -> list[Child]:
@@ -150,8 +155,13 @@ class Tracer:
         if applying is not None and record.replay_of is None:
             began = max(applying, after)
             ended = max(began, _ns(record.completed_at) or began)
-            broke = record.state in BROKEN
-            failure: dict[str, AttributeValue] = {"error.type": record.state} if broke else {}
+            status = service_status(record.state, record.output)
+            broke = record.state in BROKEN or status is not None
+            failure: dict[str, AttributeValue] = {}
+            if status is not None:
+                failure = {"http.response.status_code": status, "error.type": str(status)}
+            elif broke:
+                failure = {"error.type": record.state}
             children.append(Child("apply", began, ended, failure, error=broke))
         return children
 
@@ -167,8 +177,12 @@ class Tracer:
         }
         if effect in self.descriptions:
             attributes["gen_ai.tool.description"] = self.descriptions[effect]
+        status = service_status(record.state, record.output)
         if record.state != "applied":
             attributes["error.type"] = record.state
+        elif status is not None:  # the OTel HTTP conventions: the status code as error.type
+            attributes["http.response.status_code"] = status
+            attributes["error.type"] = str(status)
         rule = (record.verdict or {}).get("rule")
         optional = {
             "broker.request.sha256": record.sha256,
