@@ -17,6 +17,7 @@ from broker.approval.card import extend
 from broker.approval.decisions import card
 from broker.cli import app
 from broker.config import Config
+from broker.observability.logformat import trace_id_for
 from broker.observability.metrics import Metrics
 from broker.observability.telemetry import Telemetry
 from broker.slack.messages import message
@@ -63,8 +64,10 @@ def test_a_5xx_apply_is_applied_with_a_warning_everywhere(
 
     (line,) = [r for r in caplog.records if r.getMessage().startswith("applied")]
     assert line.levelno == logging.WARNING and WARNING in line.getMessage()
+    assert line.trace_id == trace_id_for("default", rid)  # type: ignore[attr-defined]
 
     (root,) = [s for _, s in collector.spans if not s.parent_span_id]
+    assert root.trace_id.hex() == trace_id_for("default", rid)  # the log line finds it
     assert attrs(root)["http.response.status_code"] == 501
     assert attrs(root)["error.type"] == "501"
     assert root.status.code == root.status.STATUS_CODE_ERROR and WARNING in root.status.message

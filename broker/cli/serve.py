@@ -11,7 +11,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from broker.cli.common import ConfigOpt, PolicyOpt, StateOpt, err, fail, guarded
-from broker.cli.daemon import Daemon, DaemonArgs, InsecureOpt, ListenOpt, VerboseOpt, daemon
+from broker.cli.daemon import (
+    Daemon,
+    DaemonArgs,
+    InsecureOpt,
+    ListenOpt,
+    LogFormatOpt,
+    VerboseOpt,
+    daemon,
+)
 from broker.untrusted import terminal
 
 if TYPE_CHECKING:
@@ -58,6 +66,7 @@ def serve(
     listen: ListenOpt = None,
     insecure_listen: InsecureOpt = False,
     verbose: VerboseOpt = False,
+    log_format: LogFormatOpt = None,
     staged: StagedOpt = False,
 ) -> None:
     """Watch outboxes and answer every request until stopped (Ctrl-C)."""
@@ -68,6 +77,7 @@ def serve(
         listen=listen,
         insecure_listen=insecure_listen,
         verbose=verbose,
+        log_format=log_format,
     )
     with daemon(args) as d:
         if (outbox is None) != (results is None):
@@ -134,6 +144,7 @@ def run(
     listen: ListenOpt = None,
     insecure_listen: InsecureOpt = False,
     verbose: VerboseOpt = False,
+    log_format: LogFormatOpt = None,
 ) -> None:
     """Run CMD in a new sandbox and serve its outbox until it exits: broker run -- CMD ARGS."""
     from broker.cli.prompt import Prompt
@@ -150,6 +161,7 @@ def run(
         listen=listen,
         insecure_listen=insecure_listen,
         verbose=verbose,
+        log_format=log_format,
     )
     with daemon(args, quiet=True) as d:
         if workspace is not None and not workspace.is_dir():
