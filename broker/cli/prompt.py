@@ -40,9 +40,12 @@ def later(ref: str) -> str:
 
 
 def say(markup: str) -> None:
-    """A line of prose, wrapped at word boundaries to the terminal (a word longer than a
-    line is folded, never cropped)."""
-    out.print(markup, soft_wrap=False, overflow="fold")
+    """A line of prose: at a terminal wrapped at word boundaries (a word longer than a
+    line is folded, never cropped); piped, one line as written, for grep."""
+    if out.is_terminal:
+        out.print(markup, soft_wrap=False, overflow="fold")
+    else:
+        out.print(markup)
 
 
 def print_card(c: dict[str, Any]) -> None:

@@ -19,8 +19,8 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
-from broker.approval.card import service_warning
 from broker.models import Record
+from broker.outcomes import service_warning
 from broker.untrusted import neutralize
 from broker.web import html as render
 from broker.web.auth import LOGIN_COOKIE, SESSION_COOKIE, Gate, Identity, same_secret

@@ -51,11 +51,6 @@ on_timeout = "deny"
 reason = "{RECORD_REASON}"
 
 [[rules]]
-effect = "test.pull"
-action = "approve"
-reason = "{RECORD_REASON}"
-
-[[rules]]
 effect = "test.quorum"
 action = "approve"
 approvals = 2
@@ -77,6 +72,11 @@ reason = "{CAREFUL_REASON}"
 effect = "http.request"
 action = "approve"
 reason = "{HTTP_REASON}"
+
+[[rules]]
+effect = "test.pull"
+action = "approve"
+reason = "{RECORD_REASON}"
 """
 
 
