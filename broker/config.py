@@ -35,6 +35,7 @@ BROKER_KEYS = {
     "ledger_password_file",
     "host_id",
     "staged",
+    "log_format",
 }
 
 
@@ -74,6 +75,7 @@ class Config:
     ledger_refs: Mapping[str, Any] = field(default_factory=dict)  # ledger_password_env|file
     host_id_setting: str | None = None  # [broker] host_id; else derived, kept in the state dir
     staged: Staged = OFF  # [broker] staged: which effects are staged (broker.staged)
+    log_format: str = "text"  # [broker] log_format: text | json (serve's and run's log)
 
     @property
     def shared_ledger(self) -> bool:
@@ -251,7 +253,14 @@ def load_config(
         ledger_refs={k: v for k, v in section.items() if k.startswith("ledger_password")},
         host_id_setting=fleet.host_id_setting(section.get("host_id")),
         staged=Staged.parse(section.get("staged", False)),
+        log_format=_log_format(section.get("log_format", "text")),
     )
+
+
+def _log_format(value: Any) -> str:
+    if value not in ("text", "json"):
+        raise ConfigError(f'broker.log_format: expected "text" or "json", not {value!r}')
+    return str(value)
 
 
 def _read(path: Path | None, state_dir: Path | None) -> tuple[Path | None, dict[str, Any]]:

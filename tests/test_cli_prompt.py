@@ -13,7 +13,7 @@ from typing import Any
 import pexpect
 
 from broker.audit import log as audit
-from broker.cli.prompt import QUESTION
+from broker.cli.prompt import AGAIN, ASK_REASON, NEEDS_REASON, QUESTION
 from broker.testing import BrokerHarness, FakeHandler
 from tests.support import BROKER, Start, clean_env
 
@@ -22,7 +22,6 @@ POLICY = (
     f'[[rules]]\neffect = "test.record"\naction = "approve"\ntimeout = "1h"\nreason = "{REASON}"\n'
 )
 HOSTILE_REASON = "please \x1b[31m trust \u202e me\u200d"
-ASK_REASON = "reason (the agent reads it): "
 
 # The prompt as `broker run` drives it, over the state dir in argv[1]: every waiting
 # request handed to it oldest first; the process ends when the prompt's thread does.
@@ -56,8 +55,10 @@ def card_then_question(child: pexpect.spawn[str]) -> str:
 
 
 def test_the_prompt_decides_skips_and_lets_go(start: Start, fake: FakeHandler, home: Path) -> None:
-    """At a pty: approve, deny with a reason, skip; a request decided elsewhere meanwhile is
-    not asked about; closing the terminal mid-answer records nothing and prints no traceback."""
+    """At a pty: approve, deny with a reason (a wrong key and a missing reason asked again),
+    skip and leave (each naming the commands that answer it); a request decided elsewhere
+    meanwhile is not asked about; closing the terminal mid-answer records nothing and prints
+    no traceback."""
     h = start(handlers=[fake], policy=POLICY, builtins=False)
     one = waiting(h, "one", reason=HOSTILE_REASON)
     two, three, four, five = (waiting(h, v) for v in ("two", "three", "four", "five"))
@@ -84,17 +85,29 @@ def test_the_prompt_decides_skips_and_lets_go(start: Start, fake: FakeHandler, h
         child.expect_exact("approved")
         card = card_then_question(child)
         assert f"default/{three}" in card and two not in card
+        child.sendline("x")  # a key it does not know is asked again
+        child.expect_exact(AGAIN)
+        child.expect_exact(QUESTION)
         child.sendline("d")
+        child.expect_exact(ASK_REASON)
+        child.sendline("")  # a denial with no reason is asked again, not dropped
+        child.expect_exact(NEEDS_REASON)
         child.expect_exact(ASK_REASON)
         child.sendline("use the other table")
         child.expect_exact("denied")
         assert f"default/{four}" in card_then_question(child)
         child.sendline("s")
-        child.expect_exact("skipped: it waits for `broker approve`/`broker deny` or its deadline")
+        child.expect_exact(
+            f"skipped: it waits for its deadline, or `broker approve default/{four}`"
+        )
+        child.expect_exact(f'`broker deny default/{four} --reason "what to do instead"`')
         assert f"default/{five}" in card_then_question(child)
         child.sendline("a")
         child.expect_exact(ASK_REASON)
         child.sendeof()
+        child.expect_exact(
+            f"not answered: it waits for its deadline, or `broker approve default/{five}`"
+        )
         child.expect(pexpect.EOF)
         assert "Traceback" not in str(child.before)
     finally:

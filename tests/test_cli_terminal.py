@@ -270,3 +270,56 @@ def test_the_question_names_the_request_safely(h: BrokerHarness) -> None:
     assert "<U+202E RLO>" in card
     child.sendline("n")
     child.expect(pexpect.EOF)
+
+
+SENTENCE = (
+    "please rotate the overnight export because yesterday's archive was written with the "
+    "wrong retention window and auditors asked"
+)
+
+
+@pytest.mark.parametrize("columns", [60, 100, 160])
+def test_show_wraps_at_word_boundaries_at_every_width(h: BrokerHarness, columns: int) -> None:
+    """`broker show` at a 60-, 100- and 160-column pty: every line fits, and every word of
+    the agent's sentence is whole on one line (words are never broken across lines)."""
+    doc = h.request("files.write", {"value": "v"}, id=str(uuid.uuid4()), reason=SENTENCE)
+    assert h.submit(doc, terminal=False)["status"] == "pending"
+    text = at_pty(h, columns, "show", doc["id"][:8])  # a unique prefix names it
+    assert max(len(line) for line in text.splitlines()) <= columns, text
+    whole_on_one_line(text, *SENTENCE.split())
+
+
+def test_pending_narrows_watches_and_prints_the_version(h: BrokerHarness) -> None:
+    """--effect and --sandbox narrow the list; --watch lists again when a request
+    arrives and ends quietly on Ctrl-C; --version prints it; an ambiguous prefix names
+    its candidates in one line."""
+    delete, write = waiting(h, "files.delete"), waiting(h, "files.write")
+    only = piped(h, "pending", "--effect", "files.d*")
+    assert delete in only and write not in only
+    assert "nothing matching --effect/--sandbox" in piped(h, "pending", "--sandbox", "elsewhere")
+    child = pexpect.spawn(
+        str(BROKER),
+        ["pending", "--watch", "--effect", "files.write", "--state", str(h.state)],
+        encoding="utf-8",
+        timeout=30,
+        dimensions=(50, 200),
+        env=clean_env(h.base, {"COLUMNS": "200"}),
+    )
+    try:
+        child.expect_exact(write)
+        later = waiting(h, "files.write")
+        child.expect_exact(later)  # listed again once the ledger changed
+        child.sendintr()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0 and "Traceback" not in str(child.before)
+    from broker import __version__
+
+    version = subprocess.run([str(BROKER), "--version"], capture_output=True, text=True, check=True)
+    assert version.stdout.strip() == f"broker {__version__}"
+    first = delete.split("/")[1]
+    twin = h.request("files.write", {"value": "v"}, id=first[:6] + "-twin")
+    assert h.submit(twin, terminal=False)["status"] == "pending"
+    said = piped(h, "show", first[:6], code=2).strip()
+    assert said.count("\n") == 0 and delete in said and f"default/{first[:6]}-twin" in said

@@ -300,3 +300,12 @@ def test_integration_settings_are_kept(clean_env: pytest.MonkeyPatch, tmp_path: 
     assert config.integration("files") == {"root": "/srv/x"}
     assert config.integration("github")["base_url"] == "https://api.github.com"
     assert config.integration("s3") == {}
+
+
+def test_log_format_is_text_or_json(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """[broker] log_format chooses the serve log's form; anything else names the key."""
+    assert load_config(write_config(tmp_path, "")).log_format == "text"
+    chosen = write_config(tmp_path, '[broker]\nlog_format = "json"\n')
+    assert load_config(chosen).log_format == "json"
+    with pytest.raises(ConfigError, match=r"broker\.log_format"):
+        load_config(write_config(tmp_path, '[broker]\nlog_format = "xml"\n'))

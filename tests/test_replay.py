@@ -283,7 +283,9 @@ def test_the_text_report_names_the_risky_requests_first(site: dict[str, Any], ho
     )
     assert done.returncode == 3
     lines = done.stdout.splitlines()
-    assert lines[0].startswith("replayed 200 request(s) through")
+    assert lines[0] == " WOULD AUTO-APPLY 5 REQUESTS PEOPLE DENIED "  # first and loudest
+    assert all("was: denied by bob" in text for text in lines[1:6])
+    assert lines[6].startswith("replayed 200 request(s) through")
     assert "skipped (never reached the policy): 5 invalid" in done.stdout
     risky = lines.index("WOULD APPLY WITHOUT A PERSON: 25 request(s)")
     loose = next(i for i, text in enumerate(lines) if text.startswith("LOOSENED"))

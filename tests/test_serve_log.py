@@ -5,14 +5,17 @@ sandbox or a person neutralised."""
 from __future__ import annotations
 
 import getpass
+import json
+import re
 import signal
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from tests.support import ServeSite as Site
-from tests.support import Serving, line
+from tests.support import Serving, line, run_broker
 
 
 @pytest.fixture
@@ -41,6 +44,8 @@ def test_each_request_event_is_one_line(site: Site, serving: Serving) -> None:
     site.cli("approve", f"sb1/{gated}", "--reason", "looked at it")
     decided = line(serving, "decided", f"sb1/{gated}")
     assert f"approved by {getpass.getuser()} via cli: looked at it" in decided
+    stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z INFO broker\.requests: decided "
+    assert re.match(stamp, decided), decided  # UTC, ISO 8601 with a Z, as every other time
     line(serving, "applied", f"sb1/{gated}")
 
 
@@ -81,3 +86,41 @@ def test_untrusted_text_is_neutralised_in_the_log(site: Site, serving: Serving) 
     serving.stop(signal.SIGINT)
     logged = "".join(serving.seen)
     assert "\x1b" not in logged and "\u202e" not in logged and "\x07" not in logged
+
+
+def test_json_log_lines_carry_utc_time_the_ref_and_the_trace_id(site: Site) -> None:
+    """With --log-format json every line is one JSON object: a UTC time ending in Z, the
+    level, the logger, the message; a request's lines also its event, ref, effect and the
+    trace id its trace has."""
+    from broker.observability.logformat import trace_id_for
+
+    s = site.serve("--log-format", "json")
+    try:
+        rid = site.request("files.write", path="notes.txt", content="hi")
+        site.result(rid, "applied")
+        found = line(s, '"event": "applied"', f"sb1/{rid}")
+    finally:
+        assert s.stop(signal.SIGINT) == 0
+        s.close()
+    entry = json.loads(found)
+    assert entry["ts"].endswith("Z") and datetime.fromisoformat(entry["ts"]).utcoffset() == (
+        timedelta(0)
+    )
+    assert (entry["level"], entry["logger"], entry["ref"], entry["effect"]) == (
+        "INFO",
+        "broker.requests",
+        f"sb1/{rid}",
+        "files.write",
+    )
+    assert entry["trace_id"] == trace_id_for("sb1", rid) and len(entry["trace_id"]) == 32
+    assert entry["message"].startswith(f"applied  sb1/{rid}")
+    for text in s.seen:
+        if text.startswith("{"):
+            assert set(json.loads(text)) >= {"ts", "level", "logger", "message"}
+
+
+def test_a_wrong_log_format_is_one_line(site: Site) -> None:
+    """--log-format xml stops the start with one line naming the choices."""
+    done = run_broker("serve", "--log-format", "xml", "--config", str(site.config), home=site.home)
+    assert done.returncode == 2 and "expected text or json" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from broker.errors import LedgerError, StateBusy
+from broker.errors import AmbiguousRequest, LedgerError, RequestNotFound, StateBusy
 from broker.models import Decision, Record
 from broker.store.base import Store
 from tests.stores import OpenStore
@@ -290,3 +290,19 @@ def test_a_hosts_lease_is_held_once_and_its_broker_is_told_of_others_changes(
         assert heard.wait(30)
     finally:
         listener.close()
+
+
+def test_find_takes_a_unique_prefix_and_names_the_candidates_of_an_ambiguous_one(
+    store: Store,
+) -> None:
+    """`e4b6d00f` names the one request whose id begins so; a prefix two ids share is
+    refused with both refs; a prefix under four characters is never a guess."""
+    add(store, row("a", "e4b6d00f-1111"), row("b", "e4b6d00f-2222"), row("a", "9c01aa"))
+    assert store.find("e4b6d00f-2").key == ("b", "e4b6d00f-2222")
+    assert store.find("a/e4b6").key == ("a", "e4b6d00f-1111")
+    assert store.find("9c01").key == ("a", "9c01aa")
+    with pytest.raises(AmbiguousRequest) as ambiguous:
+        store.find("e4b6d00f")
+    assert "a/e4b6d00f-1111" in str(ambiguous.value) and "b/e4b6d00f-2222" in str(ambiguous.value)
+    with pytest.raises(RequestNotFound):
+        store.find("9c0")

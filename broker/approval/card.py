@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from broker.outcomes import service_warning
+
 
 @dataclass(frozen=True)
 class Narrowing:
@@ -85,19 +87,6 @@ def markers(card: Mapping[str, Any]) -> list[str]:
     ):
         found.append("overwrite")
     return found
-
-
-def service_warning(state: str, output: Any) -> str | None:
-    """A sentence when an applied effect's output shows that the service refused or broke
-    (an HTTP status of 400 or more): the effect ran, but did not do what was asked."""
-    if state != "applied" or not isinstance(output, Mapping):
-        return None
-    status = output.get("status", output.get("status_code"))
-    if not isinstance(status, int) or isinstance(status, bool) or not 400 <= status <= 599:
-        return None
-    text = output.get("status_text")
-    said = f" {text}" if isinstance(text, str) and text else ""
-    return f"applied, but the service answered HTTP {status}{said}"
 
 
 def output_text(output: Any) -> str:

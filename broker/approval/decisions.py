@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from broker import clock
+from broker.approval.timeline import durations, timeline
 from broker.audit.checkpoints import audit_log
 from broker.audit.log import event as audit_event
 from broker.audit.log import flush
@@ -26,6 +27,7 @@ from broker.errors import BrokerError, DecisionError
 from broker.identity import approver_name, same_person
 from broker.lifecycle.transitions import Lifecycle
 from broker.models import Decision, Record
+from broker.outcomes import links, service_warning
 from broker.policy.ruleset import batch_allowed, slack_buttons
 from broker.registry import Registry
 from broker.store.base import Store
@@ -197,6 +199,7 @@ def card(ledger: Store, record: Record, registry: Registry | None = None) -> dic
     handler = registry.get(effect) if registry and effect in registry else None
     expires = parse_iso(record.expires_at)
     left = (expires - clock.now()).total_seconds() if expires else None
+    decisions = ledger.decisions(*record.key)
     return {
         "sandbox": record.sandbox,
         "id": record.id,
@@ -236,6 +239,20 @@ def card(ledger: Store, record: Record, registry: Registry | None = None) -> dic
                 "at": d.at,
                 "sha256": d.sha256,
             }
-            for d in ledger.decisions(*record.key)
+            for d in decisions
         ],
+        **_outcome(record, decisions),
+    }
+
+
+def _outcome(record: Record, decisions: list[Decision]) -> dict[str, Any]:
+    """What came back and when, the same on every surface (broker.outcomes)."""
+    return {
+        "decided_at": record.decided_at,
+        "completed_at": record.completed_at,
+        "output": record.output,
+        "warning": service_warning(record.state, record.output),
+        "links": [{"key": k, "url": u} for k, u in links(record.output)],
+        "durations": durations(record),
+        "timeline": timeline(record, decisions),
     }

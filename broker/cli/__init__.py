@@ -7,10 +7,12 @@ handlers' libraries are imported by the commands that use them.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from broker.cli import audit, decide, effects, ledger, policy, sandboxes, serve, stats
-from broker.cli.common import err
+from broker.cli.common import err, out
 from broker.web.cli import app as web_app  # light: no fastapi/uvicorn import
 
 __all__ = ["app", "main"]
@@ -20,7 +22,30 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode=None,  # click's plain help: no `<bool>` on flags, `[broker]` kept as written
 )
+
+
+def _version(asked: bool) -> None:
+    if asked:
+        from broker import __version__
+
+        out.print(f"broker {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    """Sandbox-outbox effect broker: agents ask, policy and people decide, the host acts."""
+
+
 app.command()(serve.serve)
 app.command()(decide.pending)
 app.command()(decide.show)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,9 +23,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from broker.cli.common import assemble, err, guarded
+from broker.cli.common import assemble, err, fail, guarded
 from broker.config import Config
 from broker.masking import mask_logs
+from broker.observability.logformat import FORMATS, install
 from broker.observability.telemetry import Telemetry
 from broker.policy.ruleset import Policy
 from broker.registry import Registry
@@ -43,7 +43,16 @@ ListenOpt = Annotated[
 InsecureOpt = Annotated[
     bool, typer.Option("--insecure-listen", help="allow --listen beyond loopback without TLS")
 ]
-VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="log DEBUG lines too")]
+LogFormatOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--log-format",
+        metavar="text|json",
+        help="the log's form: text lines, or one JSON object per line "
+        "(default: [broker] log_format, else text)",
+    ),
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +65,7 @@ class DaemonArgs:
     listen: str | None
     insecure_listen: bool
     verbose: bool
+    log_format: str | None = None
 
 
 @dataclass
@@ -109,8 +119,10 @@ class Daemon:
 def daemon(args: DaemonArgs, *, quiet: bool = False) -> Iterator[Daemon]:
     """Logging (warnings only when `quiet`, unless --verbose), the config, registry,
     policy and notifier; on the way out, the web inbox stops."""
-    _logging(args.verbose, quiet)
+    if args.log_format not in (None, *FORMATS):
+        fail(f"--log-format {args.log_format!r}: expected text or json")
     cfg, registry, pol = assemble(args.config, args.state, args.policy)
+    _logging(args.verbose, quiet, args.log_format or cfg.log_format)
     mask_logs(cfg.secret_values())  # no secret in any log line, from the web or a notifier
     d = Daemon(args, cfg, registry, pol, guarded(lambda: notifier_for(cfg)))
     d.telemetry = guarded(lambda: Telemetry.from_config(cfg, registry))
@@ -140,13 +152,9 @@ def _start_web(d: Daemon) -> WebServer | None:
     )
 
 
-def _logging(verbose: bool, quiet: bool) -> None:
+def _logging(verbose: bool, quiet: bool, fmt: str) -> None:
     level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
-    logging.basicConfig(
-        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
-    logging.getLogger().setLevel(level)
-    logging.getLogger("watchfiles").setLevel(logging.WARNING)
+    install(fmt, level)
 
 
 def _on_signals(stop: threading.Event, wake: Callable[[], None] | None, interrupt: bool) -> None:

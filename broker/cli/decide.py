@@ -8,6 +8,7 @@ ledger and audit log, then nudges the broker.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -36,25 +37,61 @@ from broker.untrusted import neutralize, terminal
 if TYPE_CHECKING:
     from broker.store.base import Store
 
-RefArg = Annotated[str, typer.Argument(help="the request's id, or SANDBOX/ID")]
+RefArg = Annotated[
+    str, typer.Argument(help="the request's id, or SANDBOX/ID; a unique prefix of the id will do")
+]
 ShaOpt = Annotated[
     str | None, typer.Option("--sha256", help="the request sha256 you saw (at least 12 hex digits)")
 ]
 AsOpt = Annotated[str | None, typer.Option("--as", help="decide as this name (if allow_as)")]
 
 
+EffectFilter = Annotated[
+    str | None, typer.Option("--effect", help="only this effect (a glob: files.*)")
+]
+SandboxFilter = Annotated[str | None, typer.Option("--sandbox", help="only this sandbox")]
+WatchOpt = Annotated[
+    bool, typer.Option("--watch", "-w", help="list again whenever the ledger changes (Ctrl-C ends)")
+]
+
+
 def pending(
-    json_out: JsonOpt = False, tsv: TsvOpt = False, config: ConfigOpt = None, state: StateOpt = None
+    effect: EffectFilter = None,
+    sandbox: SandboxFilter = None,
+    watch: WatchOpt = False,
+    json_out: JsonOpt = False,
+    tsv: TsvOpt = False,
+    config: ConfigOpt = None,
+    state: StateOpt = None,
 ) -> None:
     """What waits for a person, oldest first."""
-    from broker.approval.decisions import card
-    from broker.models import now, parse_iso
-
     choose(json_out, tsv)
     cfg = config_only(config, state)
     ledger = open_ledger(cfg)
+    mark = ledger.change_mark()  # before the list: a change while it prints is listed again
+    _list_pending(ledger, str(cfg.state_dir), effect, sandbox, json_out, tsv)
+    if watch:
+        _watch(
+            mark,
+            lambda: _list_pending(ledger, str(cfg.state_dir), effect, sandbox, json_out, tsv),
+            ledger,
+        )
+
+
+def _list_pending(
+    ledger: Store, where: str, effect: str | None, sandbox: str | None, json_out: bool, tsv: bool
+) -> None:
+    from fnmatch import fnmatchcase
+
+    from broker.approval.decisions import card
+    from broker.models import now, parse_iso
+
     rows = []
     for record in ledger.in_states(["pending"]):
+        if effect and not fnmatchcase(record.effect or "", effect):
+            continue
+        if sandbox and record.sandbox != sandbox:
+            continue
         c = card(ledger, record)
         received = parse_iso(record.received_at)
         c["age_s"] = round((now() - received).total_seconds(), 1) if received else None
@@ -62,9 +99,27 @@ def pending(
     if json_out:
         print_json(rows)
     elif not rows and not tsv:
-        out.print(f"nothing waits for a decision in {terminal(str(cfg.state_dir))}")
+        narrowed = " matching --effect/--sandbox" if effect or sandbox else ""
+        out.print(f"nothing{narrowed} waits for a decision in {terminal(where)}")
     else:
         show_rows(PENDING, [_pending_row(c) for c in rows], tsv=tsv)
+
+
+def _watch(seen: int, again: Callable[[], None], ledger: Store) -> None:
+    """List again after each committed change since mark `seen`, as `kubectl get -w`
+    does; Ctrl-C ends it."""
+    from broker.clock import REAL, iso
+
+    try:
+        while True:
+            REAL.sleep(1.0)
+            mark = ledger.change_mark()
+            if mark != seen:
+                seen = mark
+                out.print(f"\n[dim]-- {iso(REAL.now())} --[/]")
+                again()
+    except KeyboardInterrupt:
+        return
 
 
 PENDING = (

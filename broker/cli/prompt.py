@@ -4,6 +4,7 @@ the person at its terminal for each gated request."""
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,27 @@ QUESTION = (
     "[s]kip (decide elsewhere): "
 )
 VERDICTS = {"a": "approve", "p": "approve", "d": "deny"}
+ASK_REASON = "reason (the agent reads it): "
+AGAIN = "answer a, p, d or s (s leaves it to another surface or its deadline)"
+NEEDS_REASON = "a denial needs a reason: say what the agent should do instead"
+
+
+def later(ref: str) -> str:
+    """The exact commands that answer a request the prompt leaves open."""
+    shown = terminal(ref)
+    return (
+        f"it waits for its deadline, or `broker approve {shown}` or "
+        f'`broker deny {shown} --reason "what to do instead"`'
+    )
+
+
+def say(markup: str) -> None:
+    """A line of prose: at a terminal wrapped at word boundaries (a word longer than a
+    line is folded, never cropped); piped, one line as written, for grep."""
+    if out.is_terminal:
+        out.print(markup, soft_wrap=False, overflow="fold")
+    else:
+        out.print(markup)
 
 
 def print_card(c: dict[str, Any]) -> None:
@@ -32,28 +54,57 @@ def print_card(c: dict[str, Any]) -> None:
     what = c["what"]
     status = terminal(f"[{c['status']}]")
     # the header in full (a rule's title would crop the ref people copy), then a rule
-    out.print(f"[bold]{terminal(c['ref'])}[/]  {terminal(c['effect'] or '')}  {status}")
+    say(f"[bold]{terminal(c['ref'])}[/]  {terminal(c['effect'] or '')}  {status}")
     out.rule()
-    out.print(f"[bold]WHAT[/]   {terminal(what['title'])}")
-    out.print(f"[bold]WHERE[/]  {terminal(c['where'] or '')}")
+    say(f"[bold]WHAT[/]   {terminal(what['title'])}")
+    say(f"[bold]WHERE[/]  {terminal(c['where'] or '')}")
     for key, value in what["facts"]:
-        out.print(f"         {terminal(str(key))}: {terminal(str(value))}")
+        say(f"         {terminal(str(key))}: {terminal(str(value))}")
     _print_body(what)
     why = c["why"]
-    out.print(
-        f"[bold]WHY IT STOPPED[/]  {terminal(str(why['rule']))}: {terminal(str(why['reason']))}"
-    )
+    say(f"[bold]WHY IT STOPPED[/]  {terminal(str(why['rule']))}: {terminal(str(why['reason']))}")
     t = c["if_nobody_answers"]
     then = {"deny": "it is denied (fails closed)", "approve": "it is applied"}.get(
         t["on_timeout"] or "", "-"
     )
     if c["status"] == "pending":
         left = age(t["seconds_left"])
-        out.print(f"[bold]IF NOBODY ANSWERS[/]  by {t['expires_at']} (in {left}), {then}")
+        say(f"[bold]IF NOBODY ANSWERS[/]  by {t['expires_at']} (in {left}), {then}")
     if c["agent_reason"]:
         said = terminal(c["agent_reason"])
-        out.print(f"[bold]THE AGENT SAYS[/] [dim](its words, not verified)[/]: {said}")
+        say(f"[bold]THE AGENT SAYS[/] [dim](its words, not verified)[/]: {said}")
     _print_decisions(c)
+
+
+def _print_outcome(c: dict[str, Any]) -> None:
+    """What came back: the warning first, the links, the output, when and how long."""
+    say(f"[bold]OUTCOME[/]  {terminal(c['reason'] or '')}")
+    if c.get("warning"):
+        say(f"[bold yellow]WARNING[/]  {terminal(c['warning'])}")
+    for link in c.get("links") or []:
+        say(f"[bold]LINK[/]  {terminal(link['key'])}: {terminal(link['url'])}")
+    if c.get("output") is not None:
+        from broker.approval.card import output_text
+
+        say("[bold]WHAT CAME BACK[/]")
+        for gutter, piece, _ in body_rows(output_text(c["output"]), "json", out.width):
+            out.print(f"[dim]{gutter}[/]{terminal(piece)}", soft_wrap=False, crop=False)
+    spans = c.get("durations") or {}
+    took = ", ".join(
+        f"{label} {age(spans[key])}"
+        for key, label in (("waited_s", "waited"), ("apply_s", "applied in"), ("total_s", "total"))
+        if spans.get(key) is not None
+    )
+    if c.get("completed_at"):
+        say(f"[bold]COMPLETED[/]  {c['completed_at']}" + (f" ({took})" if took else ""))
+    steps = [
+        f"{s['step']}"
+        + (f" {s['at']}" if s["at"] else "")
+        + (f" by {terminal(s['by'])}" if s["by"] else "")
+        for s in c.get("timeline") or []
+    ]
+    if steps:
+        say(f"[bold]TIMELINE[/]  {' → '.join(steps)}")
 
 
 FIRST, MORE = "│ ", "┆ "  # a line of the content; the same line, continued
@@ -99,19 +150,19 @@ def _print_body(what: dict[str, Any]) -> None:
 def _print_decisions(c: dict[str, Any]) -> None:
     """Flags, approvals so far, the outcome and each decision; then the sha256 to quote."""
     flags = f"reversible: {_yn(c['reversible'])}, idempotent: {_yn(c['idempotent'])}"
-    out.print(f"[bold]FLAGS[/]  {flags}; undo: {terminal(c['undo'] or '-')}")
+    say(f"[bold]FLAGS[/]  {flags}; undo: {terminal(c['undo'] or '-')}")
     ap = c["approvals"]
     have = ", ".join(ap["have"]) or "none yet"
-    out.print(f"[bold]APPROVALS[/]  {len(ap['have'])} of {ap['needed']} ({terminal(have)})")
-    if c["status"] != "pending":
-        out.print(f"[bold]OUTCOME[/]  {terminal(c['reason'] or '')}")
+    say(f"[bold]APPROVALS[/]  {len(ap['have'])} of {ap['needed']} ({terminal(have)})")
     for d in c["decisions"]:
         said = f": {terminal(d['reason'])}" if d["reason"] else ""
-        out.print(
+        say(
             f"[bold]DECISION[/]  {d['at']} {terminal(d['approver'])} {d['verdict']} "
             f"via {d['surface']}{said}"
         )
-    out.print(f"[dim]request sha256 {c['request_sha256']}[/]")
+    if c["status"] != "pending":
+        _print_outcome(c)
+    say(f"[dim]request sha256 {c['request_sha256']}[/]")
 
 
 def _yn(flag: bool | None) -> str:
@@ -127,6 +178,7 @@ class Prompt:
         self.cfg = cfg
         self.registry = registry
         self.queue: queue.Queue[Record] = queue.Queue()
+        self.open: str | None = None  # the request a question is open about
         threading.Thread(target=self._run, name="broker-prompt", daemon=True).start()
 
     def __call__(self, record: Record) -> None:
@@ -152,19 +204,27 @@ class Prompt:
                 return
 
     def _ask(self, ledger: Store, current: Record) -> None:
-        """Show the card, read a verdict and a reason, and record them."""
+        """Show the card, read a verdict and a reason, and record them; a key it does not
+        know, or a denial without a reason, is asked again, never taken as an answer."""
         from broker.approval.decisions import Ballot, card, decide_and_wake
 
+        ref = f"{current.sandbox}/{current.id}"
         print_card(card(ledger, current, self.registry))
-        key = input(QUESTION).strip().lower()[:1]
-        verdict = VERDICTS.get(key)
-        if verdict is None:
-            out.print("skipped: it waits for `broker approve`/`broker deny` or its deadline")
-            return
-        reason = input("reason (the agent reads it): ").strip() or None
+        self.open = ref
+        try:
+            key = self._key()
+            if key == "s":
+                out.print(f"skipped: {later(ref)}")
+                return
+            verdict = VERDICTS[key]
+            reason = self._reason(verdict)
+        except EOFError:
+            out.print(f"\nnot answered: {later(ref)}")
+            raise
+        finally:
+            self.open = None
         who = identity(None, self.cfg)
         try:
-            ref = f"{current.sandbox}/{current.id}"
             decide_and_wake(
                 self.cfg, ledger, Ballot(ref, verdict, who, reason, "prompt", current.sha256)
             )
@@ -174,6 +234,36 @@ class Prompt:
             return
         if key == "p":
             self._propose(ledger, current, who)
+
+    @staticmethod
+    def _key() -> str:
+        while True:
+            key = input(QUESTION).strip().lower()[:1]
+            if key in VERDICTS or key == "s":
+                return key
+            out.print(AGAIN)
+
+    @staticmethod
+    def _reason(verdict: str) -> str | None:
+        while True:
+            reason = input(ASK_REASON).strip() or None
+            if reason is not None or verdict != "deny":
+                return reason
+            out.print(NEEDS_REASON)
+
+    def close(self) -> None:
+        """The run ended: a question still open is named with the commands that answer it,
+        and what the person typed for it is dropped, not handed to the shell."""
+        ref = self.open
+        if ref is None:
+            return
+        out.print(f"\nthe run ended before an answer: {later(ref)}")
+        try:
+            import termios
+
+            termios.tcflush(sys.stdin.fileno(), termios.TCIFLUSH)
+        except (ImportError, OSError, ValueError):
+            pass
 
     def _propose(self, ledger: Store, record: Record, who: str) -> None:
         """The narrowest rule for an approved request, as a proposal someone accepts."""

@@ -80,6 +80,9 @@ def replay(
 
 def print_report(report: Report) -> None:
     data = report.to_json()
+    if data["warning"]:  # first and loudest: people said no to these
+        out.print(f"[bold red reverse] {terminal(data['warning']).upper()} [/]")
+        _rows([c for c in data["changes"] if c["people_denied"] and c["unattended"]])
     where = f", sandbox {terminal(report.sandbox)}" if report.sandbox else ""
     window = f" received since {report.since}" if report.since else ""
     out.print(
@@ -129,6 +132,7 @@ def _rows(changes: list[dict[str, Any]]) -> None:
         out.print(
             f"  {terminal(c['ref'])}  {terminal(c['effect'] or '')}  {c['change']}  "
             f"by {terminal(new['rule'])}: {terminal(new['reason'])}"
+            f"  [bold]was: {terminal(c['was'])}[/]"
             + (f"  [dim]({terminal(target)})[/]" if target else "")
         )
     if len(changes) > SHOWN:

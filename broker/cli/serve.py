@@ -11,7 +11,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from broker.cli.common import ConfigOpt, PolicyOpt, StateOpt, err, fail, guarded
-from broker.cli.daemon import Daemon, DaemonArgs, InsecureOpt, ListenOpt, VerboseOpt, daemon
+from broker.cli.daemon import (
+    Daemon,
+    DaemonArgs,
+    InsecureOpt,
+    ListenOpt,
+    LogFormatOpt,
+    VerboseOpt,
+    daemon,
+)
 from broker.untrusted import terminal
 
 if TYPE_CHECKING:
@@ -58,6 +66,7 @@ def serve(
     listen: ListenOpt = None,
     insecure_listen: InsecureOpt = False,
     verbose: VerboseOpt = False,
+    log_format: LogFormatOpt = None,
     staged: StagedOpt = False,
 ) -> None:
     """Watch outboxes and answer every request until stopped (Ctrl-C)."""
@@ -68,6 +77,7 @@ def serve(
         listen=listen,
         insecure_listen=insecure_listen,
         verbose=verbose,
+        log_format=log_format,
     )
     with daemon(args) as d:
         if (outbox is None) != (results is None):
@@ -134,6 +144,7 @@ def run(
     listen: ListenOpt = None,
     insecure_listen: InsecureOpt = False,
     verbose: VerboseOpt = False,
+    log_format: LogFormatOpt = None,
 ) -> None:
     """Run CMD in a new sandbox and serve its outbox until it exits: broker run -- CMD ARGS."""
     from broker.cli.prompt import Prompt
@@ -150,17 +161,19 @@ def run(
         listen=listen,
         insecure_listen=insecure_listen,
         verbose=verbose,
+        log_format=log_format,
     )
     with daemon(args, quiet=True) as d:
         if workspace is not None and not workspace.is_dir():
             fail(f"--workspace {workspace}: not a directory")
+        prompt = Prompt(d.cfg, d.registry) if sys.stdin.isatty() and not detach else None
         options = RunOptions(
             command=command,
             image=image,
             name=name,
             workspace=workspace.absolute() if workspace else None,
             detach=detach,
-            on_pending=Prompt(d.cfg, d.registry) if sys.stdin.isatty() and not detach else None,
+            on_pending=prompt,
             notifier=d.notifier,
             say=lambda text: err.print(terminal(text), highlight=False),
         )
@@ -168,6 +181,10 @@ def run(
         try:
             code = guarded(lambda: run_sandbox(d.cfg, d.registry, d.policy, options))
         except KeyboardInterrupt:
+            if prompt is not None:
+                prompt.close()
             err.print("interrupted: the sandbox was removed")
             raise typer.Exit(130) from None
+        if prompt is not None:
+            prompt.close()
     raise typer.Exit(code)

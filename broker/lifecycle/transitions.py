@@ -33,6 +33,7 @@ from broker.audit.log import event as audit_event
 from broker.clock import REAL, Clock
 from broker.errors import IllegalTransition, Outcome, PolicyDenied
 from broker.models import TERMINAL, Record, State, Verdict
+from broker.outcomes import service_status, service_warning
 from broker.store.base import Store
 
 Redact = Callable[[Any], Any]
@@ -297,7 +298,14 @@ class Lifecycle:
             errors=self.redact(issues) or None,
             completed_at=clock.iso(self.clock.now()),
         )
-        self.audit(status, record, reason=record.reason)
+        # a service's error status is said in the event too: every observer tells one outcome
+        self.audit(
+            status,
+            record,
+            reason=record.reason,
+            http_status=service_status(status, record.output),
+            warning=service_warning(status, record.output),
+        )
         return record
 
     def lose(self, record: Record) -> Record:

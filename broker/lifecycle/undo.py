@@ -65,7 +65,15 @@ def _undone(ledger: Store, record: Record) -> bool:
     return done is not None and done.state == "applied"
 
 
-def execute(ledger: Store, config: Config, chosen: UndoPlan, who: str) -> Record:
+def execute(
+    ledger: Store,
+    config: Config,
+    chosen: UndoPlan,
+    who: str,
+    *,
+    surface: str = "cli",
+    reason: str | None = None,
+) -> Record:
     """Revert, recording the reversal as a request of the host; returns its record."""
     original = chosen.record
     stamp = iso(now())
@@ -92,7 +100,17 @@ def execute(ledger: Store, config: Config, chosen: UndoPlan, who: str) -> Record
     with ledger.transaction():
         existing = ledger.get(HOST_SANDBOX, record.id)
         record = ledger.update(existing, **_fields(record)) if existing else ledger.insert(record)
-        ledger.queue_audit(audit_event("undo_requested", original, stamp, by=who, undo=record.id))
+        ledger.queue_audit(
+            audit_event(
+                "undo_requested",
+                original,
+                stamp,
+                by=who,
+                undo=record.id,
+                surface=surface,
+                reason=reason,
+            )
+        )
     try:
         output = chosen.effect.revert(original.output or {}, context_for(config, original))
         state, reason = "applied", f"undone by {who}"

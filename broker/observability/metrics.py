@@ -8,6 +8,8 @@
     broker_apply_duration_seconds{effect, outcome} histogram
     broker_handler_errors_total{effect, kind}      counter: service, crash, check,
                                                    invalid_params, unknown
+    broker_applied_with_warning_total{effect, status}  counter: applied, but the service
+                                                   answered an error status (4xx, 5xx)
     broker_audit_flush_lag_seconds                 histogram: appended lines' wait for fsync
     broker_audit_unsynced_seconds                  gauge: the oldest line still waiting
     broker_watcher_rescans_total                   counter (and _restarts_total)
@@ -36,6 +38,7 @@ from broker.events import Key
 from broker.lifecycle.apply import BROKE
 from broker.models import TERMINAL, Record
 from broker.observability.tap import Event
+from broker.outcomes import service_status
 
 WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 2 * 3600, 4 * 3600, 8 * 3600, 86400)
 APPLY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -77,6 +80,12 @@ class Metrics:
         )
         self.handler_errors = Counter(
             "broker_handler_errors", "Handler failures, by kind", ["effect", "kind"], registry=r
+        )
+        self.service_status = Counter(
+            "broker_applied_with_warning",
+            "Applied effects whose service answered an error status, by its class (4xx, 5xx)",
+            ["effect", "status"],
+            registry=r,
         )
         self.audit_lag = Histogram(
             "broker_audit_flush_lag_seconds",
@@ -168,6 +177,9 @@ class Metrics:
         kind = _error_kind(record, applied)
         if kind is not None:
             self.handler_errors.labels(effect, kind).inc()
+        status = service_status(record.state, record.output)
+        if status is not None:
+            self.service_status.labels(effect, f"{status // 100}xx").inc()
 
     def observe_failures(self, failures: Callable[[], dict[str, int]]) -> None:
         """Count the tap's failing observers (broker_observer_failures_total)."""

@@ -14,7 +14,11 @@ The root follows the GenAI semantic conventions for tool execution where they fi
 `gen_ai.operation.name = execute_tool`, `gen_ai.tool.name` (the effect),
 `gen_ai.tool.call.id` (the request id), `gen_ai.tool.type = function` (the agent
 supplies the arguments, the host executes), `gen_ai.tool.description`, and
-`error.type` for any outcome but `applied`. The params and the output stay out of
+`error.type` for any outcome but `applied`. A trace's id is derived from its request
+(broker.observability.logformat.trace_id_for), the one the request log's lines carry.
+An applied effect whose service answered an error status has
+`http.response.status_code`, `error.type` set to that code and an ERROR status, on the
+root and the apply span. The params and the output stay out of
 traces (the conventions make them opt-in: they may hold anything). Broker-specific
 attributes are under `broker.`. Every string from a sandbox is neutralised.
 """
@@ -31,6 +35,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
@@ -39,7 +44,9 @@ from broker.clock import parse_iso
 from broker.events import Key
 from broker.lifecycle.timings import StageTimes
 from broker.models import Record
+from broker.observability.logformat import trace_id_for
 from broker.observability.tap import Event
+from broker.outcomes import service_status, service_warning
 from broker.untrusted import neutralize
 
 REMEMBERED = 100_000
@@ -66,6 +73,19 @@ class Child:
     error: bool = False
 
 
+class RequestIds(RandomIdGenerator):
+    """Random span ids; a root's trace id is the request's own (logformat.trace_id_for),
+    so the request log's `trace_id` finds its trace."""
+
+    def __init__(self) -> None:
+        self.next: int | None = None
+
+    def generate_trace_id(self) -> int:
+        if self.next is not None:
+            return self.next
+        return super().generate_trace_id()
+
+
 class Tracer:
     """An observer that exports one trace per answered request."""
 
@@ -75,7 +95,8 @@ class Tracer:
         resource = Resource.create(
             {"service.name": settings.service_name, "service.version": __version__}
         )
-        self.provider = TracerProvider(resource=resource)
+        self.ids = RequestIds()
+        self.provider = TracerProvider(resource=resource, id_generator=self.ids)
         exporter = OTLPSpanExporter(endpoint=settings.endpoint, timeout=settings.timeout_s)
         self.provider.add_span_processor(BatchSpanProcessor(exporter))
         self.tracer = self.provider.get_tracer("broker", __version__)
@@ -109,22 +130,28 @@ class Tracer:
         end = _ns(record.completed_at) or 0
         end = max([end, *(c.end for c in children)])  # its stamps are whole milliseconds
         start = min([_ns(record.received_at) or end, *(c.start for c in children)])
-        root = self.tracer.start_span(
-            f"execute_tool {_s(record.effect or '-')}",
-            kind=SpanKind.INTERNAL,
-            start_time=start,
-            attributes=self._attributes(record),
-        )
+        self.ids.next = int(trace_id_for(record.sandbox, record.id), 16)
+        try:
+            root = self.tracer.start_span(
+                f"execute_tool {_s(record.effect or '-')}",
+                kind=SpanKind.INTERNAL,
+                start_time=start,
+                attributes=self._attributes(record),
+            )
+        finally:
+            self.ids.next = None
         context = trace.set_span_in_context(root)
         for child in children:
             span = self.tracer.start_span(
                 child.name, context=context, start_time=child.start, attributes=child.attributes
             )
             if child.error:
-                span.set_status(Status(StatusCode.ERROR, _s(record.reason or "")))
+                said = service_warning(record.state, record.output) or record.reason or ""
+                span.set_status(Status(StatusCode.ERROR, _s(said)))
             span.end(child.end)
-        if record.state in BROKEN:
-            root.set_status(Status(StatusCode.ERROR, _s(record.reason or "")))
+        warning = service_warning(record.state, record.output)
+        if record.state in BROKEN or warning:
+            root.set_status(Status(StatusCode.ERROR, _s(warning or record.reason or "")))
         root.end(end)
 
     def _children(self, record: Record) -> list[Child]:
@@ -150,8 +177,13 @@ class Tracer:
         if applying is not None and record.replay_of is None:
             began = max(applying, after)
             ended = max(began, _ns(record.completed_at) or began)
-            broke = record.state in BROKEN
-            failure: dict[str, AttributeValue] = {"error.type": record.state} if broke else {}
+            status = service_status(record.state, record.output)
+            broke = record.state in BROKEN or status is not None
+            failure: dict[str, AttributeValue] = {}
+            if status is not None:
+                failure = {"http.response.status_code": status, "error.type": str(status)}
+            elif broke:
+                failure = {"error.type": record.state}
             children.append(Child("apply", began, ended, failure, error=broke))
         return children
 
@@ -167,8 +199,12 @@ class Tracer:
         }
         if effect in self.descriptions:
             attributes["gen_ai.tool.description"] = self.descriptions[effect]
+        status = service_status(record.state, record.output)
         if record.state != "applied":
             attributes["error.type"] = record.state
+        elif status is not None:  # the OTel HTTP conventions: the status code as error.type
+            attributes["http.response.status_code"] = status
+            attributes["error.type"] = str(status)
         rule = (record.verdict or {}).get("rule")
         optional = {
             "broker.request.sha256": record.sha256,

@@ -56,6 +56,22 @@ class Change:
         return self.new.action == "auto" and self.old["action"] != "auto"
 
     @property
+    def was(self) -> str:
+        """What happened to it then: `denied by bob`, `applied (auto)`, `expired`."""
+        r = self.record
+        if r.decided_by and r.decided_by != "policy":
+            by = "approved" if r.state in ("applied", "failed", "unknown") else r.state
+            head = f"{by} by {r.decided_by}"
+            return head if by == r.state else f"{head}, then {r.state}"
+        return f"{r.state} (by the policy)" if r.decided_by == "policy" else r.state
+
+    @property
+    def people_denied(self) -> bool:
+        """A person said no to it then (neither the policy nor a deadline did)."""
+        r = self.record
+        return r.state == "denied" and r.decided_by not in (None, "policy")
+
+    @property
     def loosened(self) -> bool:
         old, new = STRICTNESS[self.old["action"]], STRICTNESS[self.new.action]
         if new != old:
@@ -75,6 +91,8 @@ class Change:
             "change": self.arrow,
             "direction": "loosened" if self.loosened else "tightened",
             "unattended": self.unattended,
+            "was": self.was,
+            "people_denied": self.people_denied,
             "old": {k: self.old.get(k) for k in ("action", "rule", "approvals", "on_timeout")},
             "new": {
                 "action": self.new.action,
@@ -118,9 +136,17 @@ class Report:
 
     @property
     def loosened(self) -> list[Change]:
-        """Loosened changes, those that would apply without a person first."""
+        """Loosened changes: first those that would apply what a person denied, then
+        those that would apply without a person, then the rest."""
         found = [c for c in self.changes if c.loosened]
-        return sorted(found, key=lambda c: not c.unattended)
+        return sorted(
+            found, key=lambda c: (not (c.unattended and c.people_denied), not c.unattended)
+        )
+
+    @property
+    def overruled(self) -> list[Change]:
+        """Requests people denied that this policy would apply without anyone."""
+        return [c for c in self.changes if c.unattended and c.people_denied]
 
     @property
     def tightened(self) -> list[Change]:
@@ -130,12 +156,21 @@ class Report:
     def exit_code(self) -> int:
         return LOOSENED_EXIT if self.loosened else 0
 
+    @property
+    def warning(self) -> str | None:
+        """The loudest line of the report, when people's denials would be overruled."""
+        n = len(self.overruled)
+        if not n:
+            return None
+        return f"would auto-apply {n} request{'s' if n != 1 else ''} people denied"
+
     def rate(self, people: int) -> float | None:
         return round(people / self.replayed, 4) if self.replayed else None
 
     def to_json(self) -> dict[str, Any]:
         loose = self.loosened
         return {
+            "warning": self.warning,
             "policy": self.policy,
             "since": self.since,
             "sandbox": self.sandbox,
@@ -146,6 +181,7 @@ class Report:
             "without_facts": self.without_facts,
             "loosened": len(loose),
             "unattended": sum(1 for c in loose if c.unattended),
+            "would_auto_apply_denied": len(self.overruled),
             "tightened": len(self.tightened),
             "by_effect": {
                 effect: dict(sorted(counts.items()))

@@ -186,6 +186,8 @@ def _outcome(card: Mapping[str, Any]) -> dict[str, Any]:
         said = f"{esc(card['warning'])} · {said}"
     elif status in ("approved", "applying"):
         said += " · applying…"
+    for item in card.get("links") or ():  # what came back, one click away
+        said += f" · <{esc(item['url'], 2000)}|{esc(item['key'], 80)}>"
     return context(f"{icon} {said}")
 
 

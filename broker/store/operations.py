@@ -22,6 +22,8 @@ from broker.models import Decision, Record
 from broker.store import queries as q
 from broker.store.base import JSON_COLUMNS, record_from, record_values
 
+MIN_PREFIX = 4  # shorter than this, a prefix is a typo more often than a name
+
 __all__ = ["SqlOperations"]
 
 Row = dict[str, Any]
@@ -100,20 +102,39 @@ class SqlOperations:
         return found[0] if found else None
 
     def find(self, ref: str) -> Record:
-        """A request by `ID` (unambiguous across sandboxes) or `SANDBOX/ID`."""
-        if "/" in ref:
-            sandbox, _, request_id = ref.partition("/")
+        """A request by `ID` (unambiguous across sandboxes) or `SANDBOX/ID`; either may be
+        a unique prefix of the id, at least MIN_PREFIX characters (as git's short hashes)."""
+        sandbox, _, request_id = ref.partition("/") if "/" in ref else ("", "", ref)
+        if sandbox:
             record = self.get(sandbox, request_id)
-            if record is None:
-                raise RequestNotFound(f"no request {request_id!r} in sandbox {sandbox!r}")
-            return record
-        found = self._records(q.BY_ID, (ref,), self._locking())
+            if record is not None:
+                return record
+        else:
+            found = self._records(q.BY_ID, (ref,), self._locking())
+            if len(found) > 1:
+                where = ", ".join(f"{r.sandbox}/{ref}" for r in found)
+                raise AmbiguousRequest(
+                    f"id {ref!r} exists in several sandboxes: use one of {where}"
+                )
+            if found:
+                return found[0]
+        return self._by_prefix(sandbox, request_id)
+
+    def _by_prefix(self, sandbox: str, prefix: str) -> Record:
+        where = f" in sandbox {sandbox!r}" if sandbox else ""
+        found: list[Record] = []
+        if len(prefix) >= MIN_PREFIX:
+            found = [
+                r
+                for r in self._records(q.BY_PREFIX, (prefix, prefix))
+                if not sandbox or r.sandbox == sandbox
+            ]
         if not found:
-            raise RequestNotFound(f"no request with id {ref!r}")
+            raise RequestNotFound(f"no request with id {prefix!r}{where}")
         if len(found) > 1:
-            where = ", ".join(f"{r.sandbox}/{ref}" for r in found)
-            raise AmbiguousRequest(f"id {ref!r} exists in several sandboxes: use one of {where}")
-        return found[0]
+            names = ", ".join(f"{r.sandbox}/{r.id}" for r in found[:10])
+            raise AmbiguousRequest(f"{prefix!r} begins several ids{where}: use one of {names}")
+        return self.get(*found[0].key) or found[0]  # read again under the row's lock
 
     def by_idempotency_key(self, sandbox: str, key: str) -> Record | None:
         """The first request with this key (a staged one only when no other has it)."""

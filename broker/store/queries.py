@@ -79,6 +79,9 @@ def _render(dialect: Dialect, template: str, lock: bool) -> str:
 
 GET = "SELECT * FROM requests WHERE sandbox = ? AND id = ?{lock}"
 BY_ID = "SELECT * FROM requests WHERE id = ? ORDER BY seq{lock}"
+BY_PREFIX = (  # a unique prefix names a request, as git's short hashes do
+    "SELECT * FROM requests WHERE substr(id, 1, length(?)) = ? ORDER BY seq LIMIT 11"
+)
 BY_KEY = (  # a real first wins over a staged one
     "SELECT * FROM requests WHERE sandbox = ? AND idempotency_key = ? "
     "AND replay_of IS NULL ORDER BY state = 'staged', seq LIMIT 1"

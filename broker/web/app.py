@@ -36,7 +36,7 @@ from broker.registry import Registry
 from broker.slack.settings import slack_settings
 from broker.store.base import Store
 from broker.store.factory import open_store
-from broker.web import api, pages, replay, waiting
+from broker.web import api, history, pages, replay, undo, waiting
 from broker.web import slack_actions as slack
 from broker.web.auth import Gate, Sessions, load_approvers
 from broker.web.inbox import Inbox
@@ -144,8 +144,10 @@ def create_app(
     app.include_router(replay.api, prefix="/api/v1")
     app.include_router(slack.router)
     app.include_router(pages.router)
+    app.include_router(history.router)
     app.include_router(replay.router)  # before waiting's /requests/…: no overlap, by order
     app.include_router(waiting.router)
+    app.include_router(undo.router)
     if metrics is not None:
         app.add_api_route(
             "/metrics", _metrics_page(metrics), methods=["GET"], include_in_schema=False

@@ -19,15 +19,14 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
-from broker.approval.card import service_warning
 from broker.models import Record
+from broker.outcomes import service_warning
 from broker.untrusted import neutralize
 from broker.web import html as render
 from broker.web.auth import LOGIN_COOKIE, SESSION_COOKIE, Gate, Identity, same_secret
-from broker.web.inbox import STATES, Filters, Inbox
+from broker.web.inbox import Inbox
 
 TEMPLATES = Path(__file__).parent / "templates"
-DECIDED = tuple(s for s in STATES if s not in ("received", "pending"))
 FormText = Annotated[str, Form(max_length=4000)]
 
 
@@ -207,25 +206,3 @@ def logout(request: Request, pages: PagesDep, csrf: FormText = "") -> Response:
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict")
     return response
-
-
-@router.get("/history")
-def history(
-    request: Request, pages: PagesDep, effect: str = "", sandbox: str = "", outcome: str = ""
-) -> Response:
-    who = pages.signed_in(request)
-    if who is None:
-        return pages.to_login(request)
-    filters = Filters(effect or None, sandbox or None, outcome or None)
-    cursor = pages.inbox.cursor()  # before the records: the page is at least this new
-    records = pages.inbox.history(filters, 200, states=DECIDED)
-    return pages.html(
-        "history.html",
-        request,
-        who,
-        cursor=cursor,
-        records=records,
-        filters=filters,
-        effects=pages.inbox.effects(),
-        outcomes=DECIDED,
-    )

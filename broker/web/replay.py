@@ -6,6 +6,7 @@ card: the narrowest rule for it, stored as a proposal someone accepts (broker.re
 
 from __future__ import annotations
 
+import difflib
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
@@ -64,13 +65,33 @@ def replay_api(body: ReplayIn, inbox: InboxDep, who: Who) -> dict[str, Any]:
         raise ApiError(422, "invalid_policy", str(exc)) from exc
 
 
+def current_policy(inbox: Inbox) -> str:
+    """The text of the policy file the broker serves with ("" when there is none)."""
+    path = inbox.config.policy_path
+    try:
+        return path.read_text(encoding="utf-8")[:MAX_POLICY_TEXT] if path else ""
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def policy_diff(current: str, pasted: str) -> str:
+    """The pasted policy against the current one, as a unified diff ("" when the same)."""
+    lines = difflib.unified_diff(
+        current.splitlines(keepends=True),
+        pasted.splitlines(keepends=True),
+        "the current policy",
+        "the pasted policy",
+    )
+    return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+
+
 @router.get("/history/replay")
 def replay_form(request: Request, pages: PagesDep) -> Response:
     who = pages.signed_in(request)
     if who is None:
         return pages.to_login(request)
-    blank = {"since": "", "sandbox": "", "policy": ""}
-    return pages.html("replay.html", request, who, report=None, problem=None, form=blank)
+    start = {"since": "", "sandbox": "", "policy": current_policy(pages.inbox)}
+    return pages.html("replay.html", request, who, report=None, problem=None, form=start, diff="")
 
 
 @router.post("/history/replay")
@@ -106,8 +127,16 @@ async def replay_page(
         except BrokerError as exc:
             problem = str(exc)
     status = 422 if problem else 200
+    diff = policy_diff(current_policy(pages.inbox), text) if text.strip() else ""
     return pages.html(
-        "replay.html", request, who, status, report=report, problem=problem, form=form
+        "replay.html",
+        request,
+        who,
+        status,
+        report=report,
+        problem=problem,
+        form=form,
+        diff=diff,
     )
 
 

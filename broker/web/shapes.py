@@ -52,6 +52,24 @@ class Approvals(BaseModel):
     needed: int
 
 
+class Link(BaseModel):
+    key: str = Field(description="the output's key that holds the URL")
+    url: str
+
+
+class Durations(BaseModel):
+    waited_s: float | None = Field(description="waiting for people, to the decision")
+    apply_s: float | None = Field(description="from the decision to the outcome")
+    total_s: float | None = Field(description="from received to the outcome")
+
+
+class Step(BaseModel):
+    step: str = Field(description="received | pending | approve | deny | decided | applying | …")
+    at: str | None
+    by: str | None
+    note: str | None
+
+
 class Card(BaseModel):
     """Everything a person needs to decide: the same card as `broker show --json`."""
 
@@ -83,6 +101,11 @@ class Card(BaseModel):
     warning: str | None = Field(
         description="set when an applied effect's output shows a service error (HTTP ≥ 400)"
     )
+    decided_at: str | None = None
+    completed_at: str | None = None
+    links: list[Link] = Field(default=[], description="the http(s) URLs in the output")
+    durations: Durations | None = None
+    timeline: list[Step] = Field(default=[], description="the request's life, oldest first")
 
 
 class Summary(BaseModel):

@@ -20,8 +20,10 @@ from broker.web.auth import Identity, same_secret
 from broker.web.inbox import Inbox, Pick, Refused
 from broker.web.pages import FormText, Pages, PagesDep
 from broker.web.shapes import MAX_BATCH
+from broker.web.undo import undoable
 
 DONE = {
+    "undo": "Undone: the reversal is recorded in the audit log.",
     "approve": "Your approval is recorded.",
     "deny": "Your denial is recorded; the agent reads your reason.",
 }
@@ -187,6 +189,7 @@ def _request_page(
         next_url=render.request_url(*next_key) if next_key else None,
         output_lines=render.body_lines(output, "json") if output else [],
         decided_by_me=who.approver in _deciders(pages.inbox, sandbox, request_id),
+        undoable=undoable(pages.inbox, card),
     )
 
 

@@ -15,10 +15,13 @@ import pytest
 from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 
+from broker.models import Preview
 from broker.testing import BrokerHarness, FakeHandler
+from broker.typing import JSON, Params
 from broker.web.app import create_app
 from broker.web.auth import hash_token
 from broker.web.server import WebServer
+from effects.base import Context
 
 LOOPBACK = ["127.0.0.0/8"]
 CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
@@ -69,6 +72,11 @@ reason = "{CAREFUL_REASON}"
 effect = "http.request"
 action = "approve"
 reason = "{HTTP_REASON}"
+
+[[rules]]
+effect = "test.pull"
+action = "approve"
+reason = "{RECORD_REASON}"
 """
 
 
@@ -161,6 +169,23 @@ def exports(tmp_path: Path) -> Path:
     return root
 
 
+class Pull(FakeHandler):
+    """A fake that "opens a pull request": its output holds the PR's URL (never fetched),
+    and it can be undone (closed), as github.pull_request.create can."""
+
+    undo = "closes the pull request"
+
+    def apply(self, params: Params, ctx: Context) -> JSON:
+        super().apply(params, ctx)
+        return {"url": "https://github.com/acme/api/pull/42", "number": 42}
+
+    def revert_preview(self, output: Params, ctx: Context) -> Preview:
+        return Preview(title=f"close pull request {output.get('number')}", target="test.pull")
+
+    def revert(self, output: Params, ctx: Context) -> JSON:
+        return {"closed": output.get("number")}
+
+
 def _harness(tmp_path: Path, exports: Path) -> BrokerHarness:
     return BrokerHarness(
         tmp_path / "h",
@@ -168,6 +193,7 @@ def _harness(tmp_path: Path, exports: Path) -> BrokerHarness:
             FakeHandler("test.record"),
             FakeHandler("test.quorum"),
             FakeHandler("test.careful"),
+            Pull("test.pull"),
         ],
         policy=POLICY,
         integrations={"files": {"root": str(exports)}, "http": {"allow_networks": LOOPBACK}},

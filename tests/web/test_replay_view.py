@@ -5,6 +5,7 @@ form; and "Approve and propose a rule" on a request's card."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from broker.review.replay import replay, replay_controls
 from broker.store.sqlite import SQLiteStore
@@ -109,3 +110,76 @@ def test_approve_and_propose_on_the_card(web: Web) -> None:
     proposal = ledger.controls("proposal")["1"]
     ledger.close()
     assert proposal["rule"]["when"] == {"value": "same"} and proposal["proposed_by"] == "alice"
+
+
+def test_what_people_denied_comes_first_and_loudest(web: Web, capsys: Any) -> None:
+    """A record bob denied would now be auto-applied: the API, the page and the CLI each
+    say 'would auto-apply 1 request people denied' first, and its row says 'was: denied
+    by bob'; a record still waiting says only what it is."""
+    denied, waiting = web.gated(), web.gated()
+    web.client("bob").post(
+        f"/api/v1/requests/default/{denied['id']}/decision",
+        json={"verdict": "deny", "reason": "no", "request_sha256": denied["request_sha256"]},
+    )
+    web.harness.wait(denied["id"])
+    report = web.client().post("/api/v1/policy/replay", json={"policy": LOOSER}).json()
+    assert report["warning"] == "would auto-apply 1 request people denied"
+    assert report["would_auto_apply_denied"] == 1
+    first, second = report["changes"]
+    assert (first["id"], first["was"], first["people_denied"]) == (
+        denied["id"],
+        "denied by bob",
+        True,
+    )
+    assert (second["id"], second["was"], second["people_denied"]) == (
+        waiting["id"],
+        "pending",
+        False,
+    )
+
+    browser = web.browser()
+    form = browser.get("/history/replay")
+    page = browser.post("/history/replay", data={"csrf": csrf_of(form.text), "policy": LOOSER}).text
+    loud = page.index("This policy would auto-apply 1 request people denied")
+    assert loud < page.index('id="replayed"')
+    assert "was: denied by bob" in page and "change-overruled" in page
+
+    from broker.cli.rules import print_report
+    from broker.review.replay import policy_from_text
+
+    ledger = SQLiteStore(web.harness.state / "ledger.sqlite3")
+    try:
+        print_report(
+            replay(
+                policy_from_text(LOOSER, web.harness.registry),
+                ledger.all(),
+                controls=replay_controls(ledger),
+            )
+        )
+    finally:
+        ledger.close()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == " WOULD AUTO-APPLY 1 REQUEST PEOPLE DENIED "
+    assert f"default/{denied['id']}" in lines[1] and "was: denied by bob" in lines[1]
+
+
+def test_the_form_starts_from_the_current_policy_and_diffs_the_pasted_one(
+    web: Web, served: Any, tmp_path: Any
+) -> None:
+    """The form holds the policy the broker serves; a pasted one is shown as a diff of it."""
+    from dataclasses import replace
+
+    current = tmp_path / "policy.toml"
+    current.write_text('[[rules]]\neffect = "test.record"\naction = "approve"\n', "utf-8")
+    inbox = served[0].app.state.inbox
+    inbox.config = replace(inbox.config, policy_path=current)
+    browser = web.browser()
+    form = browser.get("/history/replay").text
+    assert "effect = &#34;test.record&#34;\naction = &#34;approve&#34;" in form
+    pasted = current.read_text("utf-8").replace('"approve"', '"auto"')
+    page = browser.post("/history/replay", data={"csrf": csrf_of(form), "policy": pasted}).text
+    (diff,) = re.findall(
+        r'<pre class="body numbered body-diff" id="policy-diff">(.*?)</pre>', page, re.S
+    )
+    assert '<span class="line del">-action = &quot;approve&quot;</span>' in diff
+    assert '<span class="line add">+action = &quot;auto&quot;</span>' in diff

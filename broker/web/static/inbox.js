@@ -88,6 +88,7 @@
 
   function refresh(latest) {
     var picked = selection().map(function (box) { return box.value; });
+    var peeking = all("details.peek[open]").map(function (el) { return el.dataset.ref; });
     var current = currentRef();
     return fetch(body.dataset.liveUrl, {
       credentials: "same-origin",
@@ -119,6 +120,7 @@
       document.title = fresh.title;
       cursor = fresh.body.dataset.cursor || cursor;
       all("input[name=pick]").forEach(function (box) { box.checked = picked.indexOf(box.value) >= 0; });
+      all("details.peek").forEach(function (el) { if (peeking.indexOf(el.dataset.ref) >= 0) el.open = true; });
       filterList();
       if (current) setCurrent(itemByRef(current), false);
       counted();
@@ -246,6 +248,7 @@
     if (!form) return;
     var reason = form.querySelector("textarea[name=reason]");
     var verdict = event.submitter && event.submitter.value;
+    if (verdict === "approve" && unreadApproval(form)) { event.preventDefault(); return; }
     reason.setCustomValidity("");
     if (verdict === "deny" && !reason.value.trim()) {
       event.preventDefault();
@@ -253,6 +256,36 @@
       reason.reportValidity();
       reason.focus();
     }
+  }
+
+  // An irreversible request approved from the keyboard before its content was scrolled
+  // through asks once more: a second Enter approves it.
+  var readToEnd = false;
+
+  function watchReading() {
+    var end = $("#preview-end");
+    if (!end || !("IntersectionObserver" in window)) { readToEnd = true; return; }
+    new IntersectionObserver(function (entries, observer) {
+      if (entries.some(function (e) { return e.isIntersecting; })) { readToEnd = true; observer.disconnect(); }
+    }).observe(end);
+  }
+
+  function unreadApproval(form) {
+    if (form.id !== "decide" || !form.dataset.keyboard || form.dataset.confirmed) return false;
+    var end = $("#preview-end");
+    if (readToEnd || !end || end.getBoundingClientRect().top < window.innerHeight) return false;
+    if (!$(".meta .marker-irreversible")) return false;
+    form.dataset.confirmed = "yes";
+    var ask = document.createElement("p");
+    ask.className = "problem confirm-unread";
+    ask.id = "confirm-unread";
+    ask.setAttribute("role", "alert");
+    ask.textContent = "This cannot be undone and you have not scrolled to the end of its content. " +
+      "Press Enter again to approve it anyway, or read it first.";
+    form.insertBefore(ask, form.querySelector(".controls"));
+    var button = form.querySelector("#approve");
+    if (button) button.focus();
+    return true;
   }
 
   function onReasonKey(event) {
@@ -278,6 +311,7 @@
       else return;
     }
     form.dataset.mode = verdict;
+    form.dataset.keyboard = "yes";
     var reason = $(page === "list" ? "#batch-reason" : "#reason");
     var button = $(page === "list" ? "#batch-" + verdict : "#" + verdict);
     if (verdict === "deny" && reason && !reason.value.trim()) reason.focus();
@@ -332,6 +366,10 @@
   // a batch's outcome is shown at /batch: keep the address of the list, not of the post
   if (location.pathname === "/batch" && body.dataset.liveUrl) history.replaceState(null, "", body.dataset.liveUrl);
   remember(document);
+  watchReading();
+  // on a phone the facts fold away under the content: one tap opens them
+  var side = $("#side");
+  if (side && window.matchMedia("(max-width: 900px)").matches) side.open = false;
   tick();
   setInterval(tick, 1000);
   document.addEventListener("keydown", onKey);
