@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from broker.audit.log import GENESIS, AuditLog, line_hash, read_events, verify
+from broker.audit.log import GENESIS, AuditLog, line_hash
+from broker.audit.verify import read_events, verify
 
 
 def events(first: int, last: int) -> list[tuple[int, dict[str, Any]]]:
