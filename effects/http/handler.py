@@ -22,6 +22,7 @@ from effects.http.settings import METHODS, HttpSettings, settings_from
 from effects.netguard import (
     HTTPX_ERRORS,
     MASK,
+    Allowed,
     DestinationRefused,
     NetGuard,
     Resolver,
@@ -146,6 +147,11 @@ class HttpRequest(Handler):
                 else "none: a URL from the request, no credentials added",
             ),
             ("methods", _methods_fact(settings, call)),
+            (
+                "response",
+                (call.destination.response if call.destination else Allowed()).describe()
+                + " returns to the agent",
+            ),
             ("address", address),
             (
                 "redirects",
@@ -221,7 +227,8 @@ class HttpRequest(Handler):
         masker = Masker(call.secrets)
         # read past the cap by the longest secret form: mask first, then cut
         reply = read_capped(response, settings.max_bytes + masker.longest, deadline)
-        return output(reply, url, hops, masker, settings.max_bytes)
+        allowed = call.destination.response if call.destination else None
+        return output(reply, url, hops, masker, settings.max_bytes, allowed)
 
 
 def _methods_fact(settings: HttpSettings, call: Call) -> str:
