@@ -98,6 +98,7 @@ def test_signed_delivery_arrives_with_the_exact_body(
         "delivery_id": delivery_id(ctx),
         "response": "ok",
         "truncated": False,
+        "returned": "body",
     }
 
 
