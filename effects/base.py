@@ -70,6 +70,12 @@ Optional members (absent: the default below; present: the registry checks the ty
 - `inline: bool`: `apply` returns in microseconds, touches only local state and is
   idempotent, so the broker may call it on its loop, inside the request's commit.
   Default False.
+- `returns(settings) -> Mapping[str, str]`: what of a service's answer comes back to
+  the sandbox, per target the host names (a destination's `response = ...`), in one
+  sentence each; published in the effect catalogue (`outbox effects`). Default: {}.
+- `identifying: tuple[str, ...] | None`: the params that pick the target or the data
+  (source and destination, path, issue and labels, head and base, recipients): a rule
+  drafted from one approval names each of them. Default None: every param.
 - `revert_preview(output, ctx) -> Preview` and `revert(output, ctx) -> dict`: both or
   neither; `broker undo` shows the first and calls the second with what `apply`
   returned.
@@ -172,6 +178,7 @@ OPTIONAL_METHODS = (
     "reversible_for",
     "protected_for",
     "idempotent_for",
+    "returns",
     "revert_preview",
     "revert",
 )
@@ -190,6 +197,8 @@ class Handler:
     inline: ClassVar[bool] = False
     config_keys: ClassVar[frozenset[str]] = frozenset()
     """The keys `check_config` accepts under [integrations.<integration>]."""
+    identifying: ClassVar[tuple[str, ...] | None] = None
+    """The params a drafted rule names (None: every param)."""
 
     @property
     def schema(self) -> Mapping[str, Any]:
@@ -218,6 +227,9 @@ class Handler:
 
     def idempotent_for(self, params: Params, ctx: Context) -> bool:
         return self.idempotent
+
+    def returns(self, settings: Mapping[str, Any]) -> Mapping[str, str]:
+        return {}
 
     def preview(self, params: Params, ctx: Context) -> Preview:
         raise NotImplementedError

@@ -221,6 +221,11 @@ class WebhookPost(Handler):
         super().check_config(settings)
         settings_from(settings)
 
+    def returns(self, settings: Mapping[str, Any]) -> Mapping[str, str]:
+        """Per target, what of the receiver's answer comes back."""
+        targets = settings_from(settings).targets.values()
+        return {f"target {t.name}": t.response.describe() for t in targets}
+
     def _target(self, params: Params, ctx: Context) -> tuple[WebhookSettings, Target]:
         try:
             settings = settings_from(ctx.settings, ctx.secret)

@@ -136,7 +136,9 @@ class Broker:
     ) -> tuple[bytes, Served]:
         """The effect catalogue, and the outboxes it is published into: what the handlers
         declare is kept in the state dir, so a start imports only the handlers it uses."""
-        document = catalogue.render(registry, policy, config.state_dir / "effects.cache")
+        document = catalogue.render(
+            registry, policy, config.state_dir / "effects.cache", config.integrations
+        )
         served = Served(
             config.state_dir / "control",
             lambda box: catalogue.publish(box.results_fd, document, box.sandbox),

@@ -72,6 +72,14 @@ class HttpRequest(Handler):
         super().check_config(settings)
         settings_from(settings)
 
+    def returns(self, settings: Mapping[str, Any]) -> Mapping[str, str]:
+        """Per destination, what of its answer comes back (a URL: the whole body)."""
+        parsed = settings_from(settings)
+        found = {
+            f"destination {d.name}": d.response.describe() for d in parsed.destinations.values()
+        }
+        return {**found, "a url": Allowed().describe()}
+
     @staticmethod
     def _settings(ctx: Context) -> HttpSettings:
         try:
