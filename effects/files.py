@@ -43,6 +43,7 @@ class FilesWrite(Handler):
     """Write one file below [integrations.files] root."""
 
     name = "files.write"
+    identifying = ("path", "overwrite")
     reversible = True
     idempotent = True
     undo = (

@@ -54,6 +54,7 @@ class GitPush(Handler):
     """Push the commits of a bundle to a branch of a configured remote."""
 
     name = "git.push"
+    identifying = ("remote", "branch", "base")
     reversible = False
     idempotent = True
     undo = (

@@ -199,6 +199,7 @@ class WebhookPost(Handler):
     """POST a JSON payload to a named target: signed, retried, never redirected."""
 
     name = "webhook.post"
+    identifying = ("target",)
     reversible = False
     idempotent = True
     undo = (

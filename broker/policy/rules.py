@@ -88,6 +88,8 @@ class After:
 def _value_matches(expected: Any, actual: Any) -> bool:
     if isinstance(actual, _Each):
         return all(_value_matches(expected, item) for item in actual)
+    if isinstance(actual, list):  # a list param: each of its items must match
+        return bool(actual) and all(_value_matches(expected, item) for item in actual)
     if isinstance(expected, list):
         return any(_value_matches(e, actual) for e in expected)
     if isinstance(expected, str):

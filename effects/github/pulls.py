@@ -37,6 +37,7 @@ class PullRequestCreate(GitHubHandler):
     """Open a pull request from a pushed branch, or from files the host commits."""
 
     name = "github.pull_request.create"
+    identifying = ("repo", "base", "head", "reviewers")
     reversible = False
     idempotent = True
     undo = (

@@ -42,6 +42,7 @@ class HttpRequest(Handler):
     """Send one HTTP request through the address guard, with host-held credentials."""
 
     name = "http.request"
+    identifying = ("method", "destination", "path", "url", "query")
     reversible = False
     idempotent = False
     assess_inline = True  # reversible_for reads the method and the destination
