@@ -250,7 +250,10 @@ def test_the_narrowest_rule_per_effect(
             draft_rule(effect, params, (), reason="r", reversible=True)
         return
     drafted = draft_rule(effect, params, (), reason="r", reversible=True)
+    unset = drafted.rule.pop("unset", [])
     assert drafted.rule == {"effect": effect, "when": when, "action": "auto", "reason": "r"}
+    assert not set(unset) & set(params)
+    drafted.rule.update({"unset": unset} if unset else {})
     assert tomllib.loads(rule_toml(drafted.rule))["rules"][0] == drafted.rule
 
 

@@ -132,6 +132,9 @@ def draft_rule(
             "no rule is proposed (a rule on the effect alone would allow all of it)"
         )
     notes = []
+    unset = [k for k in _identifying(effect, params) if k not in params]
+    if unset and declared(effect) is not None:
+        notes.append(f"the rule matches only requests without {', '.join(unset)}")
     if protected:
         shown = ", ".join(list(protected)[:10])
         notes.append(
@@ -140,7 +143,9 @@ def draft_rule(
         )
     if not reversible:
         notes.append(f"{effect} cannot be undone: requests like this would apply unseen")
-    rule = {"effect": effect, "when": when, "action": "auto", "reason": reason}
+    rule: dict[str, Any] = {"effect": effect, "when": when, "action": "auto", "reason": reason}
+    if unset and declared(effect) is not None:
+        rule["unset"] = unset  # a request adding one (a query, overwrite) is another request
     return Draft(rule, tuple(notes))
 
 
@@ -183,6 +188,8 @@ def rule_toml(rule: Mapping[str, Any]) -> str:
     if when:
         pairs = ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in when.items())
         lines.append(f"when = {{ {pairs} }}")
+    if rule.get("unset"):
+        lines.append(f"unset = {_toml_value(list(rule['unset']))}")
     lines.append(f"action = {_toml_string(str(rule['action']))}")
     if "reason" in rule:
         lines.append(f"reason = {_toml_string(str(rule['reason']))}")

@@ -94,3 +94,23 @@ def test_the_drafted_rule_refuses_each_neighbour(effect: str) -> None:
     for key in present:
         neighbour = {**approved, key: other[key]}
         assert not rule.matches(effect, neighbour), f"{effect}: {key} = {other[key]!r} matched"
+
+
+def test_a_param_the_approval_left_out_stays_out() -> None:
+    """`/contacts/42/notes` approved: the same path with a query, and a new file approved
+    then written with overwrite = true, are other requests (the rule's `unset`)."""
+    http = {"method": "POST", "destination": "crm", "path": "/contacts/42/notes"}
+    files = {"path": "notes/a.txt", "content": "c"}
+    for effect, approved, added in (
+        ("http.request", http, {"query": {"then": "delete-all"}}),
+        ("files.write", files, {"overwrite": True}),
+    ):
+        drafted = draft_rule(effect, approved, (), reason="r", reversible=True)
+        rule = parse_policy(
+            {"rules": [drafted.rule]}, REGISTRY.reversibility(), "t", REGISTRY.schemas()
+        ).rules[0]
+        assert rule.matches(effect, approved)
+        assert not rule.matches(effect, {**approved, **added})
+        assert "set, and the rule is for requests without it" in rule.explain(
+            effect, {**approved, **added}
+        )
