@@ -87,12 +87,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from broker.errors import ConfigError, EffectFailed, InvalidParams
 from broker.models import Preview
+from broker.repositories import Repositories
 from broker.settings import Settings
 from broker.typing import JSON, Params
 from broker.validation import load_schema
@@ -141,6 +142,8 @@ class Context:
     attachment: Callable[[str], Path]
     remember: Callable[[Mapping[str, Any]], None]
     recall: Callable[[], dict[str, Any] | None]
+    repositories: Repositories = field(default_factory=Repositories)
+    """`[repositories.*]`: the protected paths of each repository an effect writes to."""
 
 
 @runtime_checkable

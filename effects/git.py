@@ -4,7 +4,7 @@ Settings, `[integrations.git]`:
 
     cache_dir = "/var/lib/broker/git-cache"        # default: <state>/git-cache
     protected_branches = ["main", "release/*"]     # never pushed to by an agent
-    protected_paths = [".github/workflows/*"]      # a person approves a change to them
+    protected_paths = ["deploy/*"]                 # older key: see [repositories.NAME]
     [integrations.git.remotes.origin]
     url = "https://github.com/acme/api.git"        # or a path, for a local remote
     token_env = "GITHUB_TOKEN"                     # optional, for https
@@ -13,7 +13,9 @@ Settings, `[integrations.git]`:
 
 The host verifies the bundle against a cache of the remote, shows the exact diff,
 refuses protected branches, and pushes with `--force-with-lease`, so a branch that
-moved since the request is never overwritten. A change touching `protected_paths`
+moved since the request is never overwritten. A change touching a protected path of
+the remote's repository (`[repositories.NAME]`, broker/repositories.py; by default
+`.github/workflows/**` and `.github/actions/**`)
 (added, edited, deleted or renamed away, whatever its characters) waits for a person
 whatever the policy's rules say, unless the matching rule names those paths; the
 request must say `touch_protected: true` to acknowledge it, and a push whose change
@@ -208,7 +210,7 @@ class GitPush(Handler):
         return done.stdout.strip() or None if done.returncode == 0 else None
 
     def _protected(self, prepared: Prepared, params: Params, ctx: Context) -> list[str]:
-        globs = ctx.settings.get("protected_paths", [])
+        globs = ctx.repositories.for_remote(params["remote"])
         return [p for p in prepared.changed if any(fnmatchcase(p, g) for g in globs)]
 
     def protected_for(self, params: Params, ctx: Context) -> Sequence[str]:
