@@ -1,0 +1,34 @@
+"""Issue 24: a reused id answered on its own (finding 8), and the smaller findings of
+round three (finding 10), each reproduced first."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from broker.testing import BrokerHarness, FakeHandler
+from tests.support import barrier, eventually
+
+
+def test_a_file_named_after_a_taken_id_gets_its_own_refusal(tmp_path: Path) -> None:
+    """Finding 8: `n1.json` says `"id": "n2"` and is applied; then `n2.json` arrives.
+    Its agent reads results/n2.json: an `invalid` (duplicate_id) result with its own
+    request's sha256, never n1's `applied` one; nothing more is applied."""
+    fake = FakeHandler()
+    with BrokerHarness(tmp_path / "h", handlers=[fake]) as h:
+        first = {**h.request("test.record", {"value": "first"}), "id": "n2"}
+        h.write("n1.json", first)
+        assert h.wait("n2")["status"] == "applied"
+        second = {k: v for k, v in h.request("test.record", {"value": "second"}).items()}
+        second.pop("id")
+        h.write("n2.json", second)
+        barrier(h)
+        path = h.results / "n2.json"
+        eventually(lambda: json.loads(path.read_text())["status"] == "invalid")
+        own = json.loads(path.read_text())
+        assert [e["code"] for e in own["errors"]] == ["duplicate_id"]
+        assert "n1.json" in own["reason"]
+        applied = h.broker.ledger.get(h.sandbox, "n2") if h.broker else None
+        assert applied is not None and applied.state == "applied"  # the ledger keeps n1's
+        assert own["request_sha256"] != applied.sha256
+        assert fake.applied == [{"value": "first"}]
