@@ -32,3 +32,20 @@ def test_a_file_named_after_a_taken_id_gets_its_own_refusal(tmp_path: Path) -> N
         assert applied is not None and applied.state == "applied"  # the ledger keeps n1's
         assert own["request_sha256"] != applied.sha256
         assert fake.applied == [{"value": "first"}]
+
+
+def test_a_files_write_preview_creates_nothing(tmp_path: Path) -> None:
+    """Finding 10: previewing (staged mode previews every request) made root/<sandbox>/
+    on the host; a preview changes nothing, and still reads an existing file."""
+    from broker.testing import make_context
+    from effects.files import FilesWrite
+
+    root = tmp_path / "exports"
+    root.mkdir()
+    ctx = make_context({"root": str(root)}, integration="files", sandbox="sb1")
+    preview = FilesWrite().preview({"path": "a/report.txt", "content": "x"}, ctx)
+    assert ("exists", "no: a new file") in preview.facts
+    assert list(root.iterdir()) == []
+    FilesWrite().apply({"path": "a/report.txt", "content": "x"}, ctx)
+    again = FilesWrite().preview({"path": "a/report.txt", "content": "y"}, ctx)
+    assert ("exists", "yes, 1 bytes") in again.facts
