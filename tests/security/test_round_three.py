@@ -49,3 +49,29 @@ def test_a_files_write_preview_creates_nothing(tmp_path: Path) -> None:
     FilesWrite().apply({"path": "a/report.txt", "content": "x"}, ctx)
     again = FilesWrite().preview({"path": "a/report.txt", "content": "y"}, ctx)
     assert ("exists", "yes, 1 bytes") in again.facts
+
+
+def test_a_symlinked_sandbox_dir_is_refused(tmp_path: Path) -> None:
+    """Finding 10: `<state>/sandboxes/<id>` a link to a foreign dir holding outbox/: the
+    broker served it and made results/ and claimed/ there. Now it is refused, with a
+    line naming the link, and nothing is made in the foreign dir."""
+    import pytest
+
+    from broker.errors import ConfigError
+    from broker.intake.outbox import Served
+
+    root, foreign = tmp_path / "sandboxes", tmp_path / "foreign"
+    (foreign / "outbox").mkdir(parents=True)
+    (root / "real" / "outbox").mkdir(parents=True)
+    (root / "evil").symlink_to(foreign)
+    served = Served(tmp_path / "control", lambda box: True)
+    served.add_root(root)
+    try:
+        assert [b.sandbox for b in served.discover()] == ["real"]
+    finally:
+        served.close()
+    assert sorted(p.name for p in foreign.iterdir()) == ["outbox"]
+    from broker.intake.outbox import from_layout
+
+    with pytest.raises(ConfigError, match="symbolic link"):
+        from_layout(root, "evil")
