@@ -304,7 +304,7 @@ def test_a_forged_keyed_start_record_is_refused(host: Host) -> None:
     host.write_lines(resealed(host.lines()))
     db = sqlite3.connect(host.harness.config.ledger_path)
     try:
-        db.execute("UPDATE meta SET value = ? WHERE key = 'audit_keyed_from'", ("[999, \"00\"]",))
+        db.execute("UPDATE meta SET value = ? WHERE key = 'audit_keyed_from'", ('[999, "00"]',))
         db.commit()
     finally:
         db.close()
