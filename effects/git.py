@@ -24,6 +24,9 @@ touches protected paths its assessment did not see fails.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -124,9 +127,21 @@ class GitPush(Handler):
     def _cache(self, remote: Remote, ctx: Context) -> Path:
         root = Path(ctx.settings.get("cache_dir") or ctx.state_dir / "git-cache")
         repo = root / f"{remote.name}.git"
-        if not (repo / "HEAD").exists():
-            repo.mkdir(parents=True, exist_ok=True)
-            Git(repo)("init", "--bare", "--quiet")
+        if (repo / "HEAD").exists():
+            return repo
+        # made aside and renamed into place: two first pushes at once (threads, or
+        # processes) never run `git init` in one directory
+        root.mkdir(parents=True, exist_ok=True)
+        aside = Path(tempfile.mkdtemp(prefix=f".{remote.name}.", suffix=".init", dir=root))
+        try:
+            Git(aside)("init", "--bare", "--quiet")
+            try:
+                os.rename(aside, repo)  # replaces an empty dir a crash may have left
+            except OSError:
+                if not (repo / "HEAD").exists():
+                    raise
+        finally:
+            shutil.rmtree(aside, ignore_errors=True)
         return repo
 
     def _prepare(self, params: Params, ctx: Context) -> Prepared:

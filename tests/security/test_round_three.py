@@ -75,3 +75,41 @@ def test_a_symlinked_sandbox_dir_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="symbolic link"):
         from_layout(root, "evil")
+
+
+def test_first_pushes_at_once_share_one_fresh_cache(tmp_path: Path) -> None:
+    """Finding 10: two git.push applied at once on a fresh cache raced in `git init`
+    ("cannot copy '…/hooks/pre-rebase.sample': File exists") and one failed. Eight at
+    once, four times over: every one gets the same usable cache."""
+    import subprocess
+    import threading
+
+    from broker.testing import make_context
+    from effects.git import GitPush
+    from effects.gitrun import Remote
+
+    remote = Remote("origin", str(tmp_path / "r.git"), None, "x", "main")
+    for round_ in range(4):
+        ctx = make_context({"cache_dir": str(tmp_path / f"cache{round_}")}, integration="git")
+        start, errors, got = threading.Barrier(8), [], []
+
+        def first() -> None:
+            start.wait()
+            try:
+                got.append(GitPush()._cache(remote, ctx))
+            except Exception as exc:  # what the race raised
+                errors.append(exc)
+
+        threads = [threading.Thread(target=first) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == [] and len(set(got)) == 1
+        done = subprocess.run(
+            ["git", "--git-dir", str(got[0]), "rev-parse", "--is-bare-repository"],
+            capture_output=True,
+            text=True,
+        )
+        assert done.stdout.strip() == "true"
+        assert [p.name for p in got[0].parent.iterdir()] == ["origin.git"]  # nothing aside
