@@ -191,7 +191,7 @@ def test_outbox_effects_says_what_each_destination_returns(
     monkeypatch.setenv("CANARY_ENC", CANARY)
     monkeypatch.setenv("HOOK_URL", f"{echo}/hook/{CANARY}")
     secret = {"Authorization": {"value_env": "CANARY_ENC"}}
-    integrations = {
+    integrations: dict[str, Any] = {
         "http": {"destinations": {"crm": {"base_url": echo, "secret_headers": secret}}},
         "webhook": {"targets": {"ops": {"url_env": "HOOK_URL"}, "open": {"url": echo}}},
     }

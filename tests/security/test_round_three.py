@@ -77,34 +77,44 @@ def test_a_symlinked_sandbox_dir_is_refused(tmp_path: Path) -> None:
         from_layout(root, "evil")
 
 
+def _at_once(cache_dir: Path, remote: object, n: int = 8) -> tuple[list[Path], list[Exception]]:
+    """`n` threads asking for the remote's cache at the same moment."""
+    import threading
+
+    from broker.testing import make_context
+    from effects.git import GitPush
+
+    ctx = make_context({"cache_dir": str(cache_dir)}, integration="git")
+    start = threading.Barrier(n)
+    got: list[Path] = []
+    errors: list[Exception] = []
+
+    def first() -> None:
+        start.wait()
+        try:
+            got.append(GitPush()._cache(remote, ctx))  # type: ignore[arg-type]
+        except Exception as exc:  # what the race raised
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return got, errors
+
+
 def test_first_pushes_at_once_share_one_fresh_cache(tmp_path: Path) -> None:
     """Finding 10: two git.push applied at once on a fresh cache raced in `git init`
     ("cannot copy '…/hooks/pre-rebase.sample': File exists") and one failed. Eight at
     once, four times over: every one gets the same usable cache."""
     import subprocess
-    import threading
 
-    from broker.testing import make_context
-    from effects.git import GitPush
     from effects.gitrun import Remote
 
     remote = Remote("origin", str(tmp_path / "r.git"), None, "x", "main")
     for round_ in range(4):
-        ctx = make_context({"cache_dir": str(tmp_path / f"cache{round_}")}, integration="git")
-        start, errors, got = threading.Barrier(8), [], []
-
-        def first() -> None:
-            start.wait()
-            try:
-                got.append(GitPush()._cache(remote, ctx))
-            except Exception as exc:  # what the race raised
-                errors.append(exc)
-
-        threads = [threading.Thread(target=first) for _ in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        got, errors = _at_once(tmp_path / f"cache{round_}", remote)
         assert errors == [] and len(set(got)) == 1
         done = subprocess.run(
             ["git", "--git-dir", str(got[0]), "rev-parse", "--is-bare-repository"],
