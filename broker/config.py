@@ -6,6 +6,7 @@ every resolved value is remembered so that anything written can be redacted.
 
 from __future__ import annotations
 
+import functools
 import os
 import tomllib
 from collections.abc import Mapping
@@ -15,6 +16,8 @@ from typing import Any
 
 from broker import fleet
 from broker.errors import ConfigError
+from broker.repositories import Repositories
+from broker.repositories import parse as parse_repositories
 from broker.settings import Settings, check_no_literal_secrets, resolve_secret
 from broker.staged import OFF, Staged
 
@@ -67,6 +70,7 @@ class Config:
     )
     tracing: Mapping[str, Any] | None = None  # [tracing]: on when present
     audit: Mapping[str, Any] = field(default_factory=dict)  # the audit key, checkpoints
+    repositories_table: Mapping[str, Any] = field(default_factory=dict)  # [repositories.*]
     rescan_interval_s: float = 30.0
     preview_timeout_s: float = 30.0  # a handler's assessment or preview, off the loop
     allow_as: bool = False
@@ -108,6 +112,11 @@ class Config:
     @property
     def sandboxes_dir(self) -> Path:
         return self.state_dir / "sandboxes"
+
+    @functools.cached_property
+    def repositories(self) -> Repositories:
+        """`[repositories.*]`, with the per-integration protected paths folded in."""
+        return parse_repositories(self.repositories_table, self.integrations)
 
     def integration(self, name: str) -> Settings:
         return Settings(self.integrations.get(name, {}), f"integrations.{name}", self.base_dir)
@@ -215,7 +224,7 @@ def load_config(
     path, data = _read(path, state_dir)
     unknown = set(data) - {
         *("broker", "integrations", "sandbox", "approvers", "notify", "web"),
-        *("metrics", "tracing", "audit"),
+        *("metrics", "tracing", "audit", "repositories"),
     }
     if unknown:
         raise ConfigError(f"{path}: unknown section [{sorted(unknown)[0]}]")
@@ -233,6 +242,8 @@ def load_config(
     ):
         raise ConfigError(f"{path}: [integrations.NAME] must be tables")
     check_no_literal_secrets(integrations, "integrations")
+    repositories = data.get("repositories", {})
+    parse_repositories(repositories, integrations)  # a fault stops the start, naming the key
     return Config(
         state_dir=state.absolute(),
         policy_path=policy_path.absolute() if policy_path else None,
@@ -245,6 +256,7 @@ def load_config(
         metrics=_table(data, "metrics", path),
         tracing=_table(data, "tracing", path),
         audit=data.get("audit", {}),
+        repositories_table=repositories,
         rescan_interval_s=_duration(section.get("rescan_interval", "30s"), "rescan_interval"),
         preview_timeout_s=_duration(section.get("preview_timeout", "30s"), "preview_timeout"),
         allow_as=bool(section.get("allow_as", False)),

@@ -60,6 +60,7 @@ def context_for(config: Config, record: Record, memo: Memo | None = None) -> Con
         request_sha256=record.sha256 or "",
         settings=config.integration(integration),
         state_dir=config.state_dir,
+        repositories=config.repositories,
         secret=secret,
         attachment=attachment,
         remember=memo.remember,

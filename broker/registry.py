@@ -117,6 +117,17 @@ class Effect:
         own = getattr(self.handler, "idempotent_for", None)
         return bool(own(params, ctx)) if own is not None else self.idempotent
 
+    def returns(self, settings: Mapping[str, Any]) -> dict[str, str]:
+        """What of an answer returns to the sandbox, per target ({} by default)."""
+        own = getattr(self.handler, "returns", None)
+        return {str(k): str(v) for k, v in own(settings).items()} if own is not None else {}
+
+    @property
+    def identifying(self) -> tuple[str, ...] | None:
+        """The params a drafted rule names (None: every param)."""
+        found = getattr(self.handler, "identifying", None)
+        return tuple(found) if found is not None else None
+
     def preview(self, params: Params, ctx: Context) -> Preview:
         return self.handler.preview(params, ctx)
 

@@ -70,6 +70,12 @@ Optional members (absent: the default below; present: the registry checks the ty
 - `inline: bool`: `apply` returns in microseconds, touches only local state and is
   idempotent, so the broker may call it on its loop, inside the request's commit.
   Default False.
+- `returns(settings) -> Mapping[str, str]`: what of a service's answer comes back to
+  the sandbox, per target the host names (a destination's `response = ...`), in one
+  sentence each; published in the effect catalogue (`outbox effects`). Default: {}.
+- `identifying: tuple[str, ...] | None`: the params that pick the target or the data
+  (source and destination, path, issue and labels, head and base, recipients): a rule
+  drafted from one approval names each of them. Default None: every param.
 - `revert_preview(output, ctx) -> Preview` and `revert(output, ctx) -> dict`: both or
   neither; `broker undo` shows the first and calls the second with what `apply`
   returned.
@@ -81,12 +87,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from broker.errors import ConfigError, EffectFailed, InvalidParams
 from broker.models import Preview
+from broker.repositories import Repositories
 from broker.settings import Settings
 from broker.typing import JSON, Params
 from broker.validation import load_schema
@@ -135,6 +142,8 @@ class Context:
     attachment: Callable[[str], Path]
     remember: Callable[[Mapping[str, Any]], None]
     recall: Callable[[], dict[str, Any] | None]
+    repositories: Repositories = field(default_factory=Repositories)
+    """`[repositories.*]`: the protected paths of each repository an effect writes to."""
 
 
 @runtime_checkable
@@ -172,6 +181,7 @@ OPTIONAL_METHODS = (
     "reversible_for",
     "protected_for",
     "idempotent_for",
+    "returns",
     "revert_preview",
     "revert",
 )
@@ -190,6 +200,8 @@ class Handler:
     inline: ClassVar[bool] = False
     config_keys: ClassVar[frozenset[str]] = frozenset()
     """The keys `check_config` accepts under [integrations.<integration>]."""
+    identifying: ClassVar[tuple[str, ...] | None] = None
+    """The params a drafted rule names (None: every param)."""
 
     @property
     def schema(self) -> Mapping[str, Any]:
@@ -218,6 +230,9 @@ class Handler:
 
     def idempotent_for(self, params: Params, ctx: Context) -> bool:
         return self.idempotent
+
+    def returns(self, settings: Mapping[str, Any]) -> Mapping[str, str]:
+        return {}
 
     def preview(self, params: Params, ctx: Context) -> Preview:
         raise NotImplementedError

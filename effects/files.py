@@ -43,6 +43,7 @@ class FilesWrite(Handler):
     """Write one file below [integrations.files] root."""
 
     name = "files.write"
+    identifying = ("path", "overwrite")
     reversible = True
     idempotent = True
     undo = (
@@ -78,7 +79,9 @@ class FilesWrite(Handler):
         globs = ctx.settings.get("protected_paths", [])
         return [path] if any(fnmatchcase(path, g) for g in globs) else []
 
-    def _root(self, ctx: Context) -> Path:
+    def _root(self, ctx: Context, create: bool = True) -> Path:
+        """The directory this sandbox writes below; `create=False` (a preview, which
+        changes nothing, in staged mode too) leaves a missing one missing."""
         root = ctx.settings.get("root")
         if not root:
             raise EffectFailed(
@@ -87,6 +90,8 @@ class FilesWrite(Handler):
         if not ctx.settings.get("per_sandbox", True):
             return Path(root)
         mine = Path(root) / ctx.sandbox
+        if not create:
+            return mine
         try:
             os.mkdir(mine, 0o755)
         except FileExistsError:
@@ -96,7 +101,7 @@ class FilesWrite(Handler):
         return mine
 
     def preview(self, params: Params, ctx: Context) -> Preview:
-        root = self._root(ctx)
+        root = self._root(ctx, create=False)
         content: str = params["content"]
         target = root.joinpath(*_parts(params["path"]))
         data = content.encode("utf-8")
@@ -183,6 +188,8 @@ class FilesWrite(Handler):
         )
 
     def _read_existing(self, root: Path, parts: list[str]) -> bytes | None:
+        if not root.exists() and root.parent.is_dir():  # this sandbox has written nothing yet
+            return None
         try:
             dir_fd = self._open_parent(root, parts, create=False)
         except FileNotFoundError:

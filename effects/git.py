@@ -4,7 +4,7 @@ Settings, `[integrations.git]`:
 
     cache_dir = "/var/lib/broker/git-cache"        # default: <state>/git-cache
     protected_branches = ["main", "release/*"]     # never pushed to by an agent
-    protected_paths = [".github/workflows/*"]      # a person approves a change to them
+    protected_paths = ["deploy/*"]                 # older key: see [repositories.NAME]
     [integrations.git.remotes.origin]
     url = "https://github.com/acme/api.git"        # or a path, for a local remote
     token_env = "GITHUB_TOKEN"                     # optional, for https
@@ -13,7 +13,9 @@ Settings, `[integrations.git]`:
 
 The host verifies the bundle against a cache of the remote, shows the exact diff,
 refuses protected branches, and pushes with `--force-with-lease`, so a branch that
-moved since the request is never overwritten. A change touching `protected_paths`
+moved since the request is never overwritten. A change touching a protected path of
+the remote's repository (`[repositories.NAME]`, broker/repositories.py; by default
+`.github/workflows/**` and `.github/actions/**`)
 (added, edited, deleted or renamed away, whatever its characters) waits for a person
 whatever the policy's rules say, unless the matching rule names those paths; the
 request must say `touch_protected: true` to acknowledge it, and a push whose change
@@ -22,6 +24,9 @@ touches protected paths its assessment did not see fails.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -54,6 +59,7 @@ class GitPush(Handler):
     """Push the commits of a bundle to a branch of a configured remote."""
 
     name = "git.push"
+    identifying = ("remote", "branch", "base")
     reversible = False
     idempotent = True
     undo = (
@@ -121,9 +127,21 @@ class GitPush(Handler):
     def _cache(self, remote: Remote, ctx: Context) -> Path:
         root = Path(ctx.settings.get("cache_dir") or ctx.state_dir / "git-cache")
         repo = root / f"{remote.name}.git"
-        if not (repo / "HEAD").exists():
-            repo.mkdir(parents=True, exist_ok=True)
-            Git(repo)("init", "--bare", "--quiet")
+        if (repo / "HEAD").exists():
+            return repo
+        # made aside and renamed into place: two first pushes at once (threads, or
+        # processes) never run `git init` in one directory
+        root.mkdir(parents=True, exist_ok=True)
+        aside = Path(tempfile.mkdtemp(prefix=f".{remote.name}.", suffix=".init", dir=root))
+        try:
+            Git(aside)("init", "--bare", "--quiet")
+            try:
+                os.rename(aside, repo)  # replaces an empty dir a crash may have left
+            except OSError:
+                if not (repo / "HEAD").exists():
+                    raise
+        finally:
+            shutil.rmtree(aside, ignore_errors=True)
         return repo
 
     def _prepare(self, params: Params, ctx: Context) -> Prepared:
@@ -207,7 +225,7 @@ class GitPush(Handler):
         return done.stdout.strip() or None if done.returncode == 0 else None
 
     def _protected(self, prepared: Prepared, params: Params, ctx: Context) -> list[str]:
-        globs = ctx.settings.get("protected_paths", [])
+        globs = ctx.repositories.for_remote(params["remote"])
         return [p for p in prepared.changed if any(fnmatchcase(p, g) for g in globs)]
 
     def protected_for(self, params: Params, ctx: Context) -> Sequence[str]:

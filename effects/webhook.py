@@ -27,7 +27,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import httpcore
@@ -35,12 +35,14 @@ import httpx
 
 from broker.clock import parse_duration
 from broker.errors import ConfigError, EffectFailed, InvalidParams
+from broker.masking import Masker
 from broker.models import Preview
 from broker.typing import JSON, Params
 from effects.base import Context, Handler, Settings
 from effects.netguard import (
     HTTPX_ERRORS,
     MASK,
+    Allowed,
     DestinationRefused,
     IPNetwork,
     NetGuard,
@@ -50,6 +52,7 @@ from effects.netguard import (
     client,
     default_port,
     http_failure,
+    parse_allowed,
     parse_networks,
     parse_url,
     read_capped,
@@ -59,7 +62,7 @@ from effects.netguard import (
 
 TARGET_KEYS = frozenset(
     {"url", "url_env", "url_file", "secret_env", "secret_file", "retries", "backoff", "timeout"}
-    | {"allow_networks"}
+    | {"allow_networks", "response"}
 )
 MAX_RETRIES = 10
 RESPONSE_BYTES = 2048
@@ -79,6 +82,7 @@ class Target:
     backoff: float = 1.0
     timeout: float = 10.0
     allow: tuple[IPNetwork, ...] = ()
+    response: Allowed = field(default_factory=Allowed)
 
     @property
     def shown(self) -> str:
@@ -152,6 +156,8 @@ def _target(name: str, spec: Any, secret: Secret) -> Target:
         backoff=_duration(spec, "backoff", "1s", where),
         timeout=_duration(spec, "timeout", "10s", where),
         allow=parse_networks(spec.get("allow_networks"), f"{where}.allow_networks"),
+        # a secret URL reaches the receiver, which may echo it in any encoding
+        response=parse_allowed(spec.get("response"), f"{where}.response", secret_url),
     )
 
 
@@ -193,6 +199,7 @@ class WebhookPost(Handler):
     """POST a JSON payload to a named target: signed, retried, never redirected."""
 
     name = "webhook.post"
+    identifying = ("target",)
     reversible = False
     idempotent = True
     undo = (
@@ -214,6 +221,11 @@ class WebhookPost(Handler):
     def check_config(self, settings: Mapping[str, Any]) -> None:
         super().check_config(settings)
         settings_from(settings)
+
+    def returns(self, settings: Mapping[str, Any]) -> Mapping[str, str]:
+        """Per target, what of the receiver's answer comes back."""
+        targets = settings_from(settings).targets.values()
+        return {f"target {t.name}": t.response.describe() for t in targets}
 
     def _target(self, params: Params, ctx: Context) -> tuple[WebhookSettings, Target]:
         try:
@@ -264,6 +276,7 @@ class WebhookPost(Handler):
                 ("address", address),
                 ("headers", headers),
                 ("signed", "yes" if target.key else "no"),
+                ("response", f"{target.response.describe()} returns to the agent"),
                 (
                     "retries",
                     f"up to {target.retries} on 5xx answers or network errors, never on 4xx",
@@ -321,17 +334,25 @@ def _deliver(
         return http_failure(exc, what, target.secrets).reason
     except (*HTTPX_ERRORS, OSError) as exc:
         raise http_failure(exc, what, target.secrets) from exc
-    answer = f"{reply.status} {reply.reason}".strip()
-    text = scrub(reply.text(), target.secrets)
+    allowed = target.response
+    answer = (
+        f"{reply.status} {reply.reason}".strip() if allowed.mode == "body" else str(reply.status)
+    )
+    text = scrub(reply.text(), target.secrets) if allowed.mode == "body" else ""
     if 200 <= reply.status < 300:
-        return {
+        out: JSON = {
             "target": target.name,
             "status": reply.status,
             "attempts": attempt,
             "delivery_id": delivery,
-            "response": text,
             "truncated": reply.truncated is not None,
+            "returned": allowed.mode,
         }
+        if allowed.mode == "body":
+            out["response"] = text
+        elif allowed.mode == "json":
+            out.update(Masker(target.secrets)(allowed.pick(reply.body)))
+        return out
     if reply.status >= 500:
         return f"failed: {what} answered {answer}"
     raise EffectFailed(

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from jsonschema import Draft202012Validator
 
-from broker.audit import log as audit
+from broker.audit import verify as audit
 from broker.testing import BrokerHarness
 from broker.validation import load_schema
 

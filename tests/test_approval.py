@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from broker.approval.decisions import Ballot, Tally, card, decide, nudge
-from broker.audit import log as audit
+from broker.audit import verify as audit
 from broker.clock import REAL, Clock
 from broker.errors import DecisionError
 from broker.models import parse_iso

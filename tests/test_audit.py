@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from broker.audit.log import GENESIS, AuditLog, line_hash, read_events, verify
+from broker.audit.log import GENESIS, AuditLog, line_hash
+from broker.audit.verify import read_events, verify
 
 
 def events(first: int, last: int) -> list[tuple[int, dict[str, Any]]]:
@@ -236,3 +237,27 @@ def test_read_events_numbers_lines_and_flags_damage(log: AuditLog) -> None:
     assert [number for number, _, _ in read] == [1, 2, 3, 4, 5]
     assert read[3][1] is None and read[3][2] == "not json"
     assert read[0][1] is not None and read[0][1]["seq"] == 1
+
+
+def test_the_keyed_start_refuses_unkeyed_lines_and_a_cut_before_it(tmp_path: Path) -> None:
+    """Three unkeyed lines, then a key: the ledger's signed record says lines are keyed
+    from event 4. Verified under it: intact; unkeyed from event 4 on, or cut to three
+    lines, or a record moved back to event 1 without the key: each a fault."""
+    from broker.audit.log import keyed_mark
+    from broker.audit.verify import check
+
+    key = b"k" * 32
+    path = tmp_path / "audit.jsonl"
+    AuditLog(path).append(events(1, 3))
+    AuditLog(path, key).append(events(4, 6))
+    start = (4, keyed_mark(key, 4))
+    assert check(path, None, key, start).fault is None
+    plain = tmp_path / "plain.jsonl"
+    AuditLog(plain).append(events(1, 6))
+    fault = check(plain, None, key, start).fault
+    assert fault is not None and fault.line == 4 and "re-chained without the key" in fault.problem
+    AuditLog(tmp_path / "short.jsonl").append(events(1, 3))
+    cut = check(tmp_path / "short.jsonl", None, key, start).fault
+    assert cut is not None and "ends before event 4" in cut.problem
+    moved = check(path, None, key, (1, keyed_mark(b"x" * 32, 1))).fault
+    assert moved is not None and "not signed by this audit key" in moved.problem

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from broker.audit import log as audit
+from broker.audit import verify as audit
 from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness, FakeHandler
 from effects.files import FilesWrite

@@ -12,7 +12,7 @@ from typing import Any
 
 import pexpect
 
-from broker.audit import log as audit
+from broker.audit import verify as audit
 from broker.cli.prompt import AGAIN, ASK_REASON, NEEDS_REASON, QUESTION
 from broker.testing import BrokerHarness, FakeHandler
 from tests.support import BROKER, Start, clean_env

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from broker import client
-from broker.audit import log as audit
+from broker.audit import verify as audit
 from broker.errors import DecisionError, RequestNotFound
 from broker.testing import BrokerHarness, FakeClock, FakeHandler
 from tests.support import SETTLE_S

@@ -65,7 +65,9 @@ def test_the_kill_switch_holds_on_a_running_broker_at_once(tmp_path: Path, home:
         assert files["disabled"]["reason"] == "exports are frozen"
 
         # approved by a person after the switch: still not applied
-        site.cli("approve", held, "--reason", "fine")
+        told = site.cli("approve", held, "--reason", "fine")
+        assert "the broker applies it" not in told  # issue 24: it says what happens
+        assert "files.write is switched off" in told and "denies it instead" in told
         halted = site.result(held, "denied")
         assert "exports are frozen" in halted["reason"]
         assert not written(site, "x.txt")

@@ -6,7 +6,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from broker.audit import log as audit
+from broker.audit import verify as audit
 from broker.testing import BrokerHarness, FakeHandler
 from effects.base import Context
 

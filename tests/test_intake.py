@@ -790,4 +790,21 @@ def test_bad_names_are_logged_once_each_then_counted(caplog: pytest.LogCaptureFi
         f"sandbox sb: ignoring 'bad name {i}': not a request name" for i in range(3)
     ]
     assert len(lines) == 4, lines
-    assert lines[3].startswith("ignoring 1 more files whose names are not request names")
+    assert lines[3].startswith("sandbox sb: ignoring 1 more files whose names are not request")
+
+
+def test_one_noisy_sandbox_does_not_hide_another_s_bad_names(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 24 finding 10: the cap is per sandbox: past one sandbox's limit, another's
+    first bad name is still logged by name."""
+    from broker.intake.claims import BadNames
+
+    names = BadNames(limit=3, every_s=3600)
+    with caplog.at_level(logging.WARNING, logger="broker"):
+        for i in range(50):
+            names.note("noisy", f"junk {i}")
+        names.note("quiet", "hidden?.json")
+    lines = [r.getMessage() for r in caplog.records]
+    assert "sandbox quiet: ignoring 'hidden?.json': not a request name" in lines
+    assert len(lines) == 5, lines

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.audit.log import AuditLog, verify
+from broker.audit.log import AuditLog
+from broker.audit.verify import verify
 from broker.errors import AmbiguousRequest, RequestNotFound
 from broker.models import Record
 from broker.store.base import Store

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import watchfiles
 
-from broker.audit import log as audit
+from broker.audit import verify as audit
 from broker.config import Limits
 from broker.errors import EffectFailed
 from broker.models import parse_iso

@@ -101,7 +101,7 @@ def test_an_accepted_proposal_applies_the_next_such_request_at_once(site: dict[s
     assert first["status"] == "pending"
     said = cli(site, "approve", first["id"], "--yes", "--propose")
     assert "proposed as rule 1; it takes effect once someone accepts it" in said
-    assert 'when = { destination = "api", method = "POST" }' in said
+    assert 'when = { method = "POST", destination = "api", path = "/items" }' in said
     assert "matches 1 of 1 past request(s)" in said and "1 of them would have applied" in said
     # proposed, not accepted: the next one still waits
     assert post(site, "api", "/items")["status"] == "pending"
@@ -110,11 +110,13 @@ def test_an_accepted_proposal_applies_the_next_such_request_at_once(site: dict[s
     assert listed[0]["replay"]["matches"] == 2  # brought up to date: two such requests now
 
     assert "accepted by" in cli(site, "policy", "accept", "1")
-    applied = post(site, "api", "/other")
+    applied = post(site, "api", "/items")
     assert applied["status"] == "applied"  # the running broker, no restart
     assert applied["decided_by"] == "policy"
     assert "remembered[1]" in applied["reason"]
-    assert ("POST", "/other") in site["api"].seen
+    assert ("POST", "/items") in site["api"].seen
+    # another path at the same destination is another target: it waits (issue 24)
+    assert post(site, "api", "/other")["status"] == "pending"
     # another destination differs in an identifying param: it waits
     assert post(site, "crm", "/items")["status"] == "pending"
     # the policy file's deny rule matches too: deny wins over the remembered allow
@@ -202,19 +204,23 @@ def test_a_bad_proposal_number_is_one_line(site: dict[str, Any]) -> None:
         (
             "http.request",
             {"method": "GET", "destination": "crm", "path": "/x"},
-            {"destination": "crm", "method": "GET"},
+            {"method": "GET", "destination": "crm", "path": "/x"},
         ),
         (
             "http.request",
             {"method": "PUT", "url": "https://a.test/x?y=1"},
-            {"url": "https://a.test/x[?]y=1", "method": "PUT"},
+            {"method": "PUT", "url": "https://a.test/x[?]y=1"},
         ),
         (
             "github.pull_request.create",
             {"repo": "o/r", "head": "h", "base": "main", "title": "t", "body": "b"},
-            {"repo": "o/r", "base": "main"},
+            {"repo": "o/r", "base": "main", "head": "h"},
         ),
-        ("github.issue.comment", {"repo": "o/r", "number": 3, "body": "hi"}, {"repo": "o/r"}),
+        (
+            "github.issue.comment",
+            {"repo": "o/r", "number": 3, "body": "hi"},
+            {"repo": "o/r", "number": 3},
+        ),
         (
             "s3.put_object",
             {"bucket": "b", "key": "k/*.txt", "body": "x"},
@@ -244,19 +250,31 @@ def test_the_narrowest_rule_per_effect(
             draft_rule(effect, params, (), reason="r", reversible=True)
         return
     drafted = draft_rule(effect, params, (), reason="r", reversible=True)
+    unset = drafted.rule.pop("unset", [])
     assert drafted.rule == {"effect": effect, "when": when, "action": "auto", "reason": "r"}
+    assert not set(unset) & set(params)
+    drafted.rule.update({"unset": unset} if unset else {})
     assert tomllib.loads(rule_toml(drafted.rule))["rules"][0] == drafted.rule
 
 
-def test_a_list_of_recipients_is_not_drafted_as_a_wildcard() -> None:
-    with pytest.raises(DraftError, match=r"params\.to"):
-        draft_rule(
-            "email.send",
-            {"to": ["a@b.test", "c@d.test"], "subject": "s"},
-            (),
-            reason="r",
-            reversible=False,
-        )
+def test_a_list_of_recipients_is_drafted_as_exactly_those() -> None:
+    """A list of short values becomes the list of those literals: a request matches only
+    when each of its recipients is one of them."""
+    registry = default_registry()
+    drafted = draft_rule(
+        "email.send",
+        {"to": ["a@b.test", "c*@d.test"], "subject": "s"},
+        (),
+        reason="r",
+        reversible=False,
+    )
+    assert drafted.rule["when"] == {"to": ["a@b.test", "c[*]@d.test"]}
+    rule = parse_policy(
+        {"rules": [drafted.rule]}, registry.reversibility(), "t", registry.schemas()
+    ).rules[0]
+    assert rule.matches("email.send", {"to": ["a@b.test", "c*@d.test"], "subject": "x"})
+    assert not rule.matches("email.send", {"to": ["a@b.test", "cx@d.test"], "subject": "x"})
+    assert not rule.matches("email.send", {"to": [], "subject": "x"})
 
 
 def test_an_escaped_value_matches_only_itself() -> None:

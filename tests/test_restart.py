@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from broker.audit import log as audit
+from broker.audit import verify as audit
 from broker.lifecycle.marks import StartMarks
 from broker.models import iso, now, parse_iso
 from broker.store.sqlite import Ledger

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from broker.audit import log as audit
+from broker.audit import verify as audit
 from broker.testing import BrokerHarness
 
 

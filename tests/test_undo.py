@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.audit import log as audit
+from broker.audit import verify as audit_verify
 from broker.lifecycle.marks import StartMarks
 from broker.models import Preview
 from broker.store.sqlite import Ledger
@@ -55,9 +56,9 @@ def test_undo_reverses_an_applied_effect_and_audits_it(tmp_path: Path) -> None:
     audit.flush(ledger, audit.AuditLog(h.config.audit_path))
     assert record.state == "applied"
     assert handler.reverted == [result["output"]]
-    events = [e for _, e, _ in audit.read_events(h.config.audit_path) if e]
+    events = [e for _, e, _ in audit_verify.read_events(h.config.audit_path) if e]
     assert any(e["event"] == "undone" and e["by"] == "alice" for e in events)
-    assert audit.verify(h.config.audit_path)[1] is None
+    assert audit_verify.verify(h.config.audit_path)[1] is None
     # the agent's result is terminal and stays as it read it
     assert (h.results / f"{result['id']}.json").read_text().count('"applied"') == 1
 
@@ -113,7 +114,7 @@ def test_reconcile_records_what_a_person_found(tmp_path: Path) -> None:
     assert "recorded as applied" in done.stdout
     again = _cli("reconcile", rid, "--not-applied", state=h.state)
     assert again.returncode == 2 and "already reconciled" in again.stderr
-    events = [e for _, e, _ in audit.read_events(h.config.audit_path) if e]
+    events = [e for _, e, _ in audit_verify.read_events(h.config.audit_path) if e]
     assert any(e["event"] == "reconciled" and e["applied"] is True for e in events)
     assert _cli("audit", "verify", state=h.state).returncode == 0
     shown = _cli("show", rid, state=h.state)

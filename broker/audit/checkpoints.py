@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from broker import clock
-from broker.audit.log import AuditLog, Fault
+from broker.audit.log import AuditLog
+from broker.audit.verify import Fault
 from broker.clock import REAL, Clock
 from broker.config import Config
 from broker.errors import ConfigError

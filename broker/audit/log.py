@@ -4,8 +4,11 @@ Every line carries `prev`, the hash of the line before it, and `hash`: with the 
 audit key (`[audit] key_env`/`key_file`, kept outside the state dir) the HMAC-SHA256 of
 its canonical form without `hash` under that key, marked `"alg": "hmac-sha256"`;
 without one, its sha256. Editing, removing or reordering any line breaks the chain at
-that line, and `verify` says which. Without the key nobody can append a line or re-seal
-the chain so that it verifies; the signed checkpoints exported off the state dir
+that line, and `broker.audit.verify` says which. Without the key nobody can append a line
+or re-seal the chain so that it verifies: the first time a keyed line is written the
+ledger records, signed with the key, the event from which every line is keyed
+(`keyed_mark`), so a log stripped of its marks and re-chained with plain sha256 is
+refused too. The signed checkpoints exported off the state dir
 (broker.audit.checkpoints) show a log cut short or rewritten by whoever holds it. Events
 reach the log through the store's queue (broker.store.base), each exactly once, in order.
 """
@@ -18,9 +21,8 @@ import hmac
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -86,13 +88,47 @@ class Queue(Protocol):
 
     def transaction(self) -> AbstractContextManager[None]: ...
 
+    def audit_keyed_from(self) -> tuple[int, str] | None: ...
 
-@dataclass(frozen=True)
-class Fault:
-    """The first place where the chain does not hold."""
+    def mark_audit_keyed(self, seq: int, mac: str) -> None: ...
 
-    line: int
-    problem: str
+
+def keyed_mark(key: bytes, seq: int) -> str:
+    """The signature of "every line from event `seq` on is keyed", under `key`."""
+    return hmac.new(key, canonical_json({"audit_keyed_from": seq}), hashlib.sha256).hexdigest()
+
+
+def first_keyed_seq(path: Path) -> int | None:
+    """The seq of the log's first keyed line (None: it holds none)."""
+    if not path.exists():
+        return None
+    with path.open("rb") as f:
+        for raw in f:
+            if KEYED.encode() not in raw:
+                continue
+            try:
+                entry = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and entry.get("alg") == KEYED:
+                return int(entry["seq"])
+    return None
+
+
+def remember_keyed(ledger: Queue, log: AuditLog) -> bool:
+    """Record in the ledger, signed, from which event the log is keyed (once): from then
+    on `verify` refuses an unkeyed line there, whatever its own marks say. True when the
+    ledger holds the record (or there is no key and nothing to record)."""
+    if log.key is None:
+        return True
+    if ledger.audit_keyed_from() is not None:
+        return True
+    seq = first_keyed_seq(log.path)
+    if seq is None:
+        return False
+    with ledger.transaction():
+        ledger.mark_audit_keyed(seq, keyed_mark(log.key, seq))
+    return True
 
 
 class AuditLog:
@@ -239,6 +275,7 @@ class AuditWriter:
         self._synced = 0
         self._synced_at = 0.0
         self._undurable_since: float | None = None  # when the oldest unsynced line went in
+        self._keyed_known = log.key is None  # the ledger records from where lines are keyed
         # observers (broker.observability.tap): the events each flush appended; each sync's lag
         self.observers: list[Callable[[list[dict[str, Any]]], None]] = []
         self.on_sync: list[Callable[[float], None]] = []
@@ -249,6 +286,8 @@ class AuditWriter:
             self._appended = self.log.append(backlog, sync=False)
             if self._undurable_since is None:
                 self._undurable_since = self.clock.monotonic()
+            if not self._keyed_known:
+                self._keyed_known = remember_keyed(self.ledger, self.log)
         if self.observers:
             tell(self.observers, [event for _, event in backlog])
         if self.clock.monotonic() - self._synced_at >= self.sync_every_s:
@@ -295,132 +334,4 @@ def flush(ledger: Queue, log: AuditLog) -> None:
         last = log.append(backlog)
         with ledger.transaction():
             ledger.drop_audit(last, log.head)
-
-
-def read_events(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, str]]:
-    """(line number, parsed event or None, raw text) for each line of the log."""
-    if not path.exists():
-        return
-    with path.open("r", encoding="utf-8", errors="replace") as f:
-        yield from parse_lines(raw.rstrip("\n") for raw in f)
-
-
-def parse_lines(lines: Iterable[str]) -> Iterator[tuple[int, dict[str, Any] | None, str]]:
-    """(line number, parsed event or None, raw text) for each line of a chain."""
-    for number, text in enumerate(lines, 1):
-        try:
-            value = json.loads(text)
-        except ValueError:
-            yield number, None, text
-            continue
-        yield number, value if isinstance(value, dict) else None, text
-
-
-@dataclass(frozen=True)
-class Report:
-    """What `check` found: lines checked, the first fault, how many lines (from the
-    start) carry only a sha256 chain (written before a key was configured)."""
-
-    count: int
-    fault: Fault | None
-    unkeyed: int = 0
-    hashes: dict[int, str] = field(default_factory=dict)
-
-
-def verify(path: Path, expected_head: tuple[int, str] | None = None) -> tuple[int, Fault | None]:
-    """Check the whole chain of an unkeyed log: (lines checked, first fault or None)."""
-    report = check(path, expected_head)
-    return report.count, report.fault
-
-
-def verify_lines(
-    lines: Iterable[tuple[int, dict[str, Any] | None, str]],
-    expected_head: tuple[int, str] | None = None,
-    key: bytes | None = None,
-) -> tuple[int, Fault | None]:
-    """`verify` over (line number, parsed event or None, raw text) from any source."""
-    report = check_lines(lines, expected_head, key)
-    return report.count, report.fault
-
-
-def check(
-    path: Path, expected_head: tuple[int, str] | None = None, key: bytes | None = None
-) -> Report:
-    """The log file's chain, checked (`check_lines`)."""
-    return check_lines(read_events(path), expected_head, key)
-
-
-def check_lines(
-    lines: Iterable[tuple[int, dict[str, Any] | None, str]],
-    expected_head: tuple[int, str] | None = None,
-    key: bytes | None = None,
-) -> Report:
-    """Check a whole chain, keyed lines under `key`.
-
-    `expected_head` is the (seq, hash) the ledger last saw appended; a log cut short
-    before it is reported too. A keyed line without the key, a key that does not match,
-    and an unkeyed line after a keyed one (appended by someone without the key) are
-    faults.
-    """
-    prev, last_seq, count, seen_head = GENESIS, 0, 0, expected_head is None
-    unkeyed, keyed_seen = 0, False
-    hashes: dict[int, str] = {}
-    for number, entry, _raw in lines:
-        count = number
-        fault = _line_fault(number, entry, prev, last_seq, key, keyed_seen)
-        if fault is not None:
-            return Report(count, fault, unkeyed, hashes)
-        assert entry is not None
-        keyed_seen = keyed_seen or entry.get("alg") == KEYED
-        unkeyed += 0 if keyed_seen else 1
-        prev, last_seq = str(entry["hash"]), int(entry["seq"])
-        hashes[last_seq] = prev
-        if expected_head and (last_seq, prev) == expected_head:
-            seen_head = True
-    if not seen_head and expected_head is not None:
-        fault = Fault(
-            count + 1,
-            f"the log ends before event {expected_head[0]}, which the ledger recorded as "
-            "appended: lines were removed from the end",
-        )
-        return Report(count, fault, unkeyed, hashes)
-    return Report(count, None, unkeyed, hashes)
-
-
-def _line_fault(
-    number: int,
-    entry: dict[str, Any] | None,
-    prev: str,
-    last_seq: int,
-    key: bytes | None,
-    keyed_seen: bool,
-) -> Fault | None:
-    if entry is None:
-        return Fault(number, "not a JSON object: the line was edited or damaged")
-    if entry.get("prev") != prev:
-        return Fault(
-            number,
-            "its prev hash does not match the line before: a line was removed, "
-            "inserted or moved here",
-        )
-    keyed = entry.get("alg") == KEYED
-    if keyed and key is None:
-        return Fault(
-            number,
-            "the line is keyed (hmac-sha256) and no audit key was given: verify with the "
-            "host's [audit] key_env or key_file",
-        )
-    if keyed_seen and not keyed:
-        return Fault(
-            number,
-            "an unkeyed line after keyed ones: it was appended by someone without the audit key",
-        )
-    if entry.get("hash") != line_hash(entry, key):
-        what = "or the key is not the one that wrote it" if keyed else ""
-        return Fault(
-            number, f"its content does not match its hash: the line was edited {what}".strip()
-        )
-    seq = entry.get("seq")
-    if not isinstance(seq, int) or seq <= last_seq:
-        return Fault(number, "its sequence number goes backwards: lines were reordered")
-    return None
+        remember_keyed(ledger, log)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from broker.audit import log as audit_log
+from broker.audit import verify as audit_verify
 from broker.cli.common import (
     ConfigOpt,
     JsonOpt,
@@ -65,16 +65,31 @@ def verify(
         _verify_fleet(cfg, key)
         return
     path = cfg.audit_path
-    head = None
+    head = keyed_from = None
     if cfg.ledger_path.exists():
         ledger = guarded(lambda: Ledger(cfg.ledger_path))
-        head = ledger.audit_head()
+        head, keyed_from = ledger.audit_head(), ledger.audit_keyed_from()
         ledger.close()
     if not path.exists():
         fail(f"no audit log at {path}: is --state (or the config's state_dir) right?", code=1)
-    report = audit_log.check(path, head, key)
+    report = audit_verify.check(path, head, key, keyed_from)
     if report.fault is not None:
-        fail(f"{path}: line {report.fault.line}: {report.fault.problem}", code=1)
+        where = f"line {report.fault.line}" if report.fault.line else "the ledger"
+        fail(f"{path}: {where}: {report.fault.problem}", code=1)
+    if (
+        checkpoints is None
+        and key is not None
+        and keyed_from is None
+        and report.count
+        and report.unkeyed == report.count
+    ):
+        fail(
+            f"{path}: no line is keyed though this host has an audit key, and the ledger "
+            "records no keyed start: a log re-chained without the key looks so; if the key "
+            f"was configured just now, let the broker write an event first; "
+            f"{audit_verify.CHECKPOINTS_HINT}",
+            code=1,
+        )
     checked = ""
     if checkpoints is not None:
         if key is None:
@@ -155,10 +170,10 @@ def _events(cfg: Config) -> Iterator[dict[str, Any]]:
     """The audit events: this state dir's log, or every host's chain in the shared
     ledger, in time order."""
     if not cfg.shared_ledger:
-        yield from (e for _, e, _ in audit_log.read_events(cfg.audit_path) if e is not None)
+        yield from (e for _, e, _ in audit_verify.read_events(cfg.audit_path) if e is not None)
         return
     store = open_ledger(cfg)
-    events = [e for _, e, _ in audit_log.parse_lines(guarded(lambda: list(store.audit_lines())))]
+    events = [e for _, e, _ in audit_verify.parse_lines(guarded(lambda: list(store.audit_lines())))]
     found = [e for e in events if e is not None]
     yield from sorted(found, key=lambda e: (str(e.get("at", "")), str(e.get("host", ""))))
 
@@ -172,7 +187,7 @@ def _verify_fleet(cfg: Config, key: bytes | None) -> None:
     broken = False
     for host, head in chains.items():
         lines = guarded(partial(_lines, store, host))
-        count, fault = audit_log.verify_lines(audit_log.parse_lines(lines), head, key)
+        count, fault = audit_verify.verify_lines(audit_verify.parse_lines(lines), head, key)
         if fault is not None:
             err.print(
                 f"[bold red]error:[/] host {terminal(host)}: line {fault.line}: {fault.problem}"
@@ -194,12 +209,12 @@ def _verify_copy(cfg: Config, store: Store, key: bytes | None) -> bool:
     path, host = cfg.audit_path, cfg.host_id()
     if not path.exists():
         return False
-    count, fault = audit_log.verify_lines(audit_log.read_events(path), None, key)
+    count, fault = audit_verify.verify_lines(audit_verify.read_events(path), None, key)
     if fault is None:
         chain = guarded(partial(_lines, store, host))
-        for number, (_, _, raw) in enumerate(audit_log.read_events(path), 1):
+        for number, (_, _, raw) in enumerate(audit_verify.read_events(path), 1):
             if number > len(chain) or chain[number - 1] != raw:
-                fault = audit_log.Fault(number, f"it is not the line host {host}'s chain holds")
+                fault = audit_verify.Fault(number, f"it is not the line host {host}'s chain holds")
                 break
     if fault is not None:
         err.print(f"[bold red]error:[/] local copy {path}: line {fault.line}: {fault.problem}")

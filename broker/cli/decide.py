@@ -35,6 +35,7 @@ from broker.registry import default_registry
 from broker.untrusted import neutralize, terminal
 
 if TYPE_CHECKING:
+    from broker.models import Record
     from broker.store.base import Store
 
 RefArg = Annotated[
@@ -236,10 +237,27 @@ def _decide(
         )
     elif verdict == "approve":
         by = terminal(str(result.record.decided_by))
-        out.print(f"{ref_text}: approved by {by}; the broker applies it")
+        out.print(f"{ref_text}: approved by {by}; {_what_follows(ledger, result.record)}")
     else:
         out.print(f"{ref_text}: denied; the agent reads: {terminal(str(result.record.reason))}")
     return ledger, who
+
+
+def _what_follows(ledger: Store, record: Record) -> str:
+    """What the broker does with an approved request: apply it, unless its effect was
+    switched off meanwhile (the kill switch holds over approvals: it is denied)."""
+    from broker.policy.controls import LiveControls
+
+    controls = LiveControls(ledger)
+    controls.refresh()
+    switch = controls.disabled(record.effect or "")
+    if switch is None:
+        return "the broker applies it"
+    return terminal(
+        f"but {record.effect} is switched off (by {switch.by}: {switch.reason}), so the "
+        f"broker denies it instead of applying it; `broker effects enable {switch.glob}` "
+        "first, and the agent asks again"
+    )
 
 
 def _confirm(

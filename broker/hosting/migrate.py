@@ -17,6 +17,7 @@ import psycopg
 
 from broker import codec
 from broker.audit import log as audit
+from broker.audit import verify as audit_verify
 from broker.config import Config
 from broker.errors import LedgerError, StateBusy
 from broker.fleet import qualify
@@ -62,7 +63,7 @@ def _copy(config: Config, url: str, password: str | None) -> Migrated:
         log = audit.AuditLog(config.audit_path)
         audit.flush(source, log)  # every queued event into the chain first
         head = source.audit_head()
-        count, fault = audit.verify(config.audit_path, head)
+        count, fault = audit_verify.verify(config.audit_path, head)
         if fault is not None:
             raise LedgerError(
                 f"{config.audit_path}: line {fault.line}: {fault.problem}; "
@@ -73,7 +74,7 @@ def _copy(config: Config, url: str, password: str | None) -> Migrated:
         unsynced = {r.key for r in source.unsynced()}
     finally:
         source.close()
-    lines = [raw for _, _, raw in audit.read_events(config.audit_path)]
+    lines = [raw for _, _, raw in audit_verify.read_events(config.audit_path)]
     host = config.host_id()
     with pool(url, password).connection() as conn:
         try:

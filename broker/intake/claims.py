@@ -154,36 +154,38 @@ def exists(dir_fd: int, name: str) -> bool:
 
 class BadNames:
     """Logs each file name that is not a request name once, and past `limit` distinct
-    names one summary line a minute with a count, so a flood of bad names cannot flood
-    the log on every rescan."""
+    names of one sandbox one summary line a minute for it with a count, so a flood of
+    bad names cannot flood the log on every rescan, nor hide another sandbox's."""
 
-    def __init__(self, limit: int = 10_000, every_s: float = 60.0, clock: Clock = REAL) -> None:
+    def __init__(self, limit: int = 1000, every_s: float = 60.0, clock: Clock = REAL) -> None:
         self.limit = limit
         self.clock = clock
         self.every_s = every_s
-        self._seen: set[tuple[str, str]] = set()
-        self._suppressed = 0
-        self._told_at: float | None = None
+        self._seen: dict[str, set[str]] = {}
+        self._suppressed: dict[str, int] = {}
+        self._told_at: dict[str, float] = {}
 
     def note(self, sandbox: str, name: str) -> None:
-        key = (sandbox, name)
-        if key in self._seen:
+        seen = self._seen.setdefault(sandbox, set())
+        if name in seen:
             return
-        if len(self._seen) < self.limit:
-            self._seen.add(key)
+        if len(seen) < self.limit:
+            seen.add(name)
             log.warning("sandbox %s: ignoring %r: not a request name", sandbox, name)
             return
-        self._suppressed += 1
+        self._suppressed[sandbox] = self._suppressed.get(sandbox, 0) + 1
         now = self.clock.monotonic()
-        if self._told_at is None or now - self._told_at >= self.every_s:
+        told = self._told_at.get(sandbox)
+        if told is None or now - told >= self.every_s:
             log.warning(
-                "ignoring %d more files whose names are not request names (each is logged "
-                "once, up to %d names)",
-                self._suppressed,
+                "sandbox %s: ignoring %d more files whose names are not request names (each "
+                "is logged once, up to %d names per sandbox)",
+                sandbox,
+                self._suppressed[sandbox],
                 self.limit,
             )
-            self._suppressed = 0
-            self._told_at = now
+            self._suppressed[sandbox] = 0
+            self._told_at[sandbox] = now
 
 
 @dataclass

@@ -110,6 +110,11 @@ def attach(
 def from_layout(root: Path, sandbox: str) -> Outbox:
     """A sandbox under <state>/sandboxes/<id>/ (the layout `broker run` creates)."""
     base = root / sandbox
+    if base.is_symlink():  # its results/ and claimed/ would be made in the link's target
+        raise ConfigError(
+            f"sandbox {sandbox}: {base} is a symbolic link; the broker writes results and "
+            "claims only in a real directory under sandboxes/, never through a link"
+        )
     return Outbox(sandbox, base / "outbox", base / "results", base / "claimed").open(LAYOUT_HINT)
 
 

@@ -280,18 +280,22 @@ class Admission:
     def _duplicate(
         self, existing: Record, read: Read, sha: str | None, received: str, batch: Batch
     ) -> None:
-        """An id used again with other content. The first request's result stands; the
-        new file gets an `invalid` result of its own under its file's name, unless that
-        name is itself a request id already (then the audit log is its only record)."""
+        """An id used again with other content. The first request's row stands; the new
+        file gets an `invalid` result of its own under its file's name, never another
+        request's result: when that name is the id of a request another file made, the
+        refusal is written there (the ledger keeps that request). The same file name
+        used again keeps its first result (the audit log records the new bytes)."""
         if existing.sha256 == sha:
             return  # the same bytes again (a retry, or a file read before a crash)
         self.lifecycle.audit("duplicate_id", existing, sha256=sha, name=read.stem)
-        if self.ledger.get(existing.sandbox, read.stem) is not None:
+        taken = self.ledger.get(existing.sandbox, read.stem)
+        if taken is not None and taken.name == read.stem:
             self.bad_reuse.note(existing.sandbox, existing.id, read.stem)
             return
         message = (
             f"the id {existing.id!r} is already used by another request in this sandbox "
-            "(its result stands); give every request an id of its own"
+            f"(from {existing.name}.json); this file was not applied: give every request "
+            "an id of its own"
         )
         record = Record(
             sandbox=existing.sandbox,
@@ -303,7 +307,18 @@ class Admission:
             sha256=sha,
         )
         exc = Rejected(f"invalid: {message}", [Issue("/id", "duplicate_id", message)])
-        batch.answer.append(self.lifecycle.reject(record, exc))
+        if taken is None:
+            batch.answer.append(self.lifecycle.reject(record, exc))
+            return
+        self.bad_reuse.note(existing.sandbox, existing.id, read.stem)
+        batch.answer.append(  # a result file only: the ledger's row is the other request's
+            record.evolve(
+                state="invalid",
+                reason=self.lifecycle.redact(exc.reason),
+                errors=tuple(i.to_json() for i in exc.issues),
+                completed_at=received,
+            )
+        )
 
 
 class Reuses:

@@ -54,19 +54,42 @@ def facts_cache() -> Path | None:
     return Path(base) / "broker" / "effect-facts.json"
 
 
-def build(registry: Registry, policy: Policy, cache: Path | None = None) -> dict[str, Any]:
+Sections = Mapping[str, Mapping[str, Any]]
+
+
+def build(
+    registry: Registry, policy: Policy, cache: Path | None = None, settings: Sections | None = None
+) -> dict[str, Any]:
     """The catalogue as a JSON object: one entry per registered effect, by name. With
     `cache` (a file in the state dir), what each handler declares is kept there, so a
-    broker does not import every handler to publish it."""
-    return {
-        "version": VERSION,
-        "effects": [_entry(facts, policy) for facts in effect_facts(registry, cache)],
-    }
+    broker does not import every handler to publish it. With `settings` (the
+    `[integrations.*]` tables), each configured effect says what of an answer returns."""
+    entries = [_entry(facts, policy) for facts in effect_facts(registry, cache)]
+    for entry in entries:
+        returns = _returns(registry, entry["name"], settings or {})
+        if returns:
+            entry["returns"] = returns
+    return {"version": VERSION, "effects": entries}
 
 
-def render(registry: Registry, policy: Policy, cache: Path | None = None) -> bytes:
+def _returns(registry: Registry, name: str, settings: Sections) -> dict[str, str]:
+    """What the handler says returns to the sandbox, per target (only for an effect
+    whose integration the host configured: no other handler is imported)."""
+    section = settings.get(name.split(".", 1)[0])
+    if not section:
+        return {}
+    try:
+        return registry.effect(name).returns(section)
+    except Exception as exc:  # never fatal: the catalogue is a courtesy
+        log.debug("%s: cannot say what returns to the sandbox: %s", name, exc)
+        return {}
+
+
+def render(
+    registry: Registry, policy: Policy, cache: Path | None = None, settings: Sections | None = None
+) -> bytes:
     """The catalogue's bytes, as published (computed once per broker)."""
-    data = build(registry, policy, cache)
+    data = build(registry, policy, cache, settings)
     return json.dumps(data, indent=1, ensure_ascii=False).encode() + b"\n"
 
 

@@ -137,7 +137,7 @@ class Broker:
         """The effect catalogue, and the outboxes it is published into: what the handlers
         declare is kept (catalogue.facts_cache), so a start imports only the handlers it
         uses."""
-        document = catalogue.render(registry, policy, catalogue.facts_cache())
+        document = catalogue.render(registry, policy, catalogue.facts_cache(), config.integrations)
         served = Served(
             config.state_dir / "control",
             lambda box: catalogue.publish(box.results_fd, document, box.sandbox),

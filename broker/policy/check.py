@@ -35,6 +35,7 @@ def check_rules(rules: Sequence[Any], schemas: Schemas, source: str) -> list[str
         where = f"{source}: {rule.label}"
         matched = _effects(f"{where}.effect", rule.effect, names)
         _check_when(f"{where}.when", rule.when, matched, schemas)
+        _check_when(f"{where}.unset", dict.fromkeys(rule.unset), matched, schemas)
         for n, after in enumerate(rule.after):
             here = f"{where}.after" + (f"[{n}]" if len(rule.after) > 1 else "")
             earlier = _effects(f"{here}.effect", after.effect, names)

@@ -29,7 +29,7 @@ ACTIONS = ("auto", "approve", "deny")
 # how people may decide what an approve rule holds: within a selection, from Slack
 SURFACE_KEYS = ("batch", "slack_buttons", "slack_buttons_irreversible")
 RULE_KEYS = {"effect", "when", "action", "reason", "approvals", "timeout", "on_timeout"}
-RULE_KEYS |= {*SURFACE_KEYS, "protected_paths", "after"}
+RULE_KEYS |= {*SURFACE_KEYS, "protected_paths", "after", "unset"}
 AFTER_KEYS = {"effect", "when", "within"}
 PROTECTED_RULE = "protected_paths"
 RUNS_IN_SANDBOX = "sandbox"
@@ -99,6 +99,8 @@ class After:
 def _value_matches(expected: Any, actual: Any) -> bool:
     if isinstance(actual, _Each):
         return all(_value_matches(expected, item) for item in actual)
+    if isinstance(actual, list):  # a list param: each of its items must match
+        return bool(actual) and all(_value_matches(expected, item) for item in actual)
     if isinstance(expected, list):
         return any(_value_matches(e, actual) for e in expected)
     if isinstance(expected, str):
@@ -125,6 +127,7 @@ class Rule:
     after: tuple[After, ...] = ()  # any one of them must have happened
     kind: str = "rules"  # or "remembered": an accepted proposal (broker.policy.controls)
     reversible_only: bool = False  # remembered from a reversible request: only for those
+    unset: tuple[str, ...] = ()  # params a matching request must leave out
 
     @property
     def label(self) -> str:
@@ -140,6 +143,8 @@ class Rule:
         self, effect: str, params: Mapping[str, Any], history: History = NO_HISTORY
     ) -> bool:
         if not fnmatchcase(effect, self.effect) or not _when_matches(self.when, params):
+            return False
+        if any(_lookup(params, key)[0] for key in self.unset):
             return False
         return not self.after or any(a.found(history) for a in self.after)
 
@@ -158,6 +163,9 @@ class Rule:
                 return f"params.{key} is absent"
             if not _value_matches(expected, actual):
                 return f"params.{key} = {actual!r} does not match {expected!r}"
+        for key in self.unset:
+            if _lookup(params, key)[0]:
+                return f"params.{key} is set, and the rule is for requests without it"
         conds = [f"params.{k} matches {v!r}" for k, v in self.when.items()]
         if self.after:
             met = [a for a in self.after if a.found(history)]
@@ -194,6 +202,7 @@ def parse_rule(
     if not isinstance(reason, str):
         raise PolicyError(f"{where}.reason: must be a string")
     when = _when(f"{where}.when", raw.get("when", {}))
+    unset = _unset(f"{where}.unset", raw.get("unset", []))
     protected = _protected_paths(where, raw, action)
     after = _after(f"{where}.after", raw.get("after"))
     if action != "approve":
@@ -201,7 +210,15 @@ def parse_rule(
             if key in raw:
                 raise PolicyError(f"{where}.{key}: only an 'approve' rule takes {key}")
         return Rule(
-            i, effect, action, reason, when, protected_paths=protected, after=after, kind=kind
+            i,
+            effect,
+            action,
+            reason,
+            when,
+            protected_paths=protected,
+            after=after,
+            kind=kind,
+            unset=unset,
         )
     approvals = raw.get("approvals", 1)
     if not isinstance(approvals, int) or isinstance(approvals, bool) or approvals < 1:
@@ -229,7 +246,15 @@ def parse_rule(
         protected,
         after,
         kind,
+        unset=unset,
     )
+
+
+def _unset(where: str, value: Any) -> tuple[str, ...]:
+    """`unset = ["query"]`: params a request must leave out for the rule to match."""
+    if not isinstance(value, list) or not all(isinstance(k, str) and k for k in value):
+        raise PolicyError(f"{where}: must be a list of param names")
+    return tuple(value)
 
 
 def checked_table(where: str, raw: Any, keys: set[str]) -> Mapping[str, Any]:

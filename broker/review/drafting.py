@@ -1,36 +1,29 @@
 """The narrowest rule that matches one request: what a reviewer proposes when they
 approve something they would approve every time ("approve, and propose a rule").
 
-The rule names the exact effect and, in `when`, the params that identify the request's
-target (a small choice per effect; for others, its short top-level scalars), each as a
-literal (glob characters escaped). Never a body, a content or a diff; never the
-protected paths the request touched (the rule has no `protected_paths`, so requests
-that touch them still wait for a person, and the draft says so). Pure functions.
+The rule names the exact effect and, in `when`, every param that picks the request's
+target or its data, as its handler declares them (`identifying`: source and
+destination for a copy, the path at a destination, the issue and labels, head and
+base, the recipients; for an effect that declares none, its short top-level scalars),
+each as a literal (glob characters escaped; a list of short values as the list of
+them, which a request matches only when each of its items is one of them). Never a
+body, a content or a diff; never the protected paths the request touched (the rule has
+no `protected_paths`, so requests that touch them still wait for a person, and the
+draft says so). Pure functions, but for the declared params read from the registry.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from typing import Any
 
 from broker.errors import PolicyError
 
 __all__ = ["Draft", "DraftError", "draft_rule", "escape_glob", "rule_toml", "target_of"]
 
-# effect glob -> the params that identify what a request of it touches (first match wins)
-IDENTIFYING: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("http.request", ("destination", "method")),
-    ("github.pull_request.create", ("repo", "base")),
-    ("github.*", ("repo",)),
-    ("s3.*", ("bucket", "key")),
-    ("email.send", ("to",)),
-    ("webhook.post", ("target",)),
-    ("files.write", ("path",)),
-    ("git.push", ("remote", "branch")),
-)
 # never part of a rule, whatever the effect: what a request says rather than where it goes
 NEVER = frozenset(
     {
@@ -56,6 +49,7 @@ NEVER = frozenset(
 )
 MAX_VALUE = 200  # a longer string says something rather than naming a target
 MAX_FALLBACK_KEYS = 4
+MAX_LIST = 50
 
 
 class DraftError(PolicyError):
@@ -75,17 +69,32 @@ def escape_glob(text: str) -> str:
     return re.sub(r"([*?\[])", r"[\1]", text)
 
 
+@functools.cache
+def declared(effect: str) -> tuple[str, ...] | None:
+    """The params the registered handler of `effect` says identify a request."""
+    from broker.registry import default_registry
+
+    try:
+        return default_registry().effect(effect).identifying
+    except Exception:  # an unknown or broken effect: the fallback below
+        return None
+
+
 def _identifying(effect: str, params: Mapping[str, Any]) -> tuple[str, ...]:
-    if effect == "http.request" and "destination" not in params:
-        return ("url", "method")
-    for glob, keys in IDENTIFYING:
-        if fnmatchcase(effect, glob):
-            return keys
+    keys = declared(effect)
+    if keys is not None:
+        return keys
     scalars = [k for k in sorted(params) if k not in NEVER and _scalar(params[k])]
     return tuple(scalars[:MAX_FALLBACK_KEYS])
 
 
 def _scalar(value: Any) -> bool:
+    if isinstance(value, list):
+        return (
+            bool(value)
+            and len(value) <= MAX_LIST
+            and all(_scalar(v) and not isinstance(v, list) for v in value)
+        )
     if isinstance(value, str):
         return 0 < len(value) <= MAX_VALUE and "\n" not in value
     return isinstance(value, (bool, int))
@@ -116,13 +125,16 @@ def draft_rule(
                 f"params.{key} of this {effect} request is not a single short value, "
                 "which a rule cannot match exactly; write a rule by hand if you want one"
             )
-        when[key] = escape_glob(value) if isinstance(value, str) else value
+        when[key] = _literal(value)
     if not when:
         raise DraftError(
             f"nothing in this {effect} request names its target in a short value; "
             "no rule is proposed (a rule on the effect alone would allow all of it)"
         )
     notes = []
+    unset = [k for k in _identifying(effect, params) if k not in params]
+    if unset and declared(effect) is not None:
+        notes.append(f"the rule matches only requests without {', '.join(unset)}")
     if protected:
         shown = ", ".join(list(protected)[:10])
         notes.append(
@@ -131,8 +143,16 @@ def draft_rule(
         )
     if not reversible:
         notes.append(f"{effect} cannot be undone: requests like this would apply unseen")
-    rule = {"effect": effect, "when": when, "action": "auto", "reason": reason}
+    rule: dict[str, Any] = {"effect": effect, "when": when, "action": "auto", "reason": reason}
+    if unset and declared(effect) is not None:
+        rule["unset"] = unset  # a request adding one (a query, overwrite) is another request
     return Draft(rule, tuple(notes))
+
+
+def _literal(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_literal(v) for v in value]
+    return escape_glob(value) if isinstance(value, str) else value
 
 
 def _toml_string(text: str) -> str:
@@ -168,6 +188,8 @@ def rule_toml(rule: Mapping[str, Any]) -> str:
     if when:
         pairs = ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in when.items())
         lines.append(f"when = {{ {pairs} }}")
+    if rule.get("unset"):
+        lines.append(f"unset = {_toml_value(list(rule['unset']))}")
     lines.append(f"action = {_toml_string(str(rule['action']))}")
     if "reason" in rule:
         lines.append(f"reason = {_toml_string(str(rule['reason']))}")

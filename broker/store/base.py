@@ -220,6 +220,12 @@ class Store(Protocol):
 
     def audit_head(self) -> tuple[int, str] | None: ...
 
+    def audit_keyed_from(self) -> tuple[int, str] | None:
+        """The signed record (seq, mac) of the first keyed line of the state dir's log."""
+
+    def mark_audit_keyed(self, seq: int, mac: str) -> None:
+        """Record it, once (a shared store's chains live outside the state dir: no-op)."""
+
     def audit_sink(self, log: Any, checkpoints: Any = None, clock: Any = None) -> AuditSink:
         """What carries committed audit events into `log` (an audit.AuditLog: audit
         imports us) for a serving broker, telling `checkpoints` of each durable head;

@@ -249,6 +249,12 @@ class PostgresStore(Session, SqlOperations):
         rows = self.execute("SELECT seq, hash FROM audit_heads WHERE host = %s", (self.host,))
         return (int(rows[0]["seq"]), str(rows[0]["hash"])) if rows else None
 
+    def audit_keyed_from(self) -> tuple[int, str] | None:
+        return None  # the chains are in the database, out of the state dir's writers' reach
+
+    def mark_audit_keyed(self, seq: int, mac: str) -> None:
+        return None
+
     def audit_sink(self, log: Any, checkpoints: Any = None, clock: Any = None) -> AuditSink:
         from broker.clock import REAL
         from broker.store.audit_copy import AuditCopy

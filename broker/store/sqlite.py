@@ -183,6 +183,19 @@ class SQLiteStore(SqlOperations):
         seq, head = codec.loads(row[0])
         return int(seq), str(head)
 
+    def audit_keyed_from(self) -> tuple[int, str] | None:
+        row = self._exec("SELECT value FROM meta WHERE key = 'audit_keyed_from'").fetchone()
+        if row is None:
+            return None
+        seq, mac = codec.loads(row[0])
+        return int(seq), str(mac)
+
+    def mark_audit_keyed(self, seq: int, mac: str) -> None:
+        self._exec(
+            "INSERT OR IGNORE INTO meta (key, value) VALUES ('audit_keyed_from', ?)",
+            (codec.dumps([seq, mac]),),
+        )
+
     def audit_sink(self, log: Any, checkpoints: Any = None, clock: Any = None) -> AuditSink:
         from broker.audit.log import AuditWriter
         from broker.clock import REAL

@@ -21,6 +21,7 @@ class EmailSend(Handler):
     """Send one message through the host's SMTP server."""
 
     name = "email.send"
+    identifying = ("to", "cc", "bcc", "reply_to")
     reversible = False
     idempotent = False
     undo = "an email cannot be unsent"

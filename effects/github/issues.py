@@ -19,6 +19,7 @@ class IssueCreate(GitHubHandler):
     """Open an issue."""
 
     name = "github.issue.create"
+    identifying = ("repo", "labels")
     reversible = False
     idempotent = False
     undo = (
@@ -132,6 +133,7 @@ class IssueComment(_Comment):
     """Comment on an issue (not a pull request: that is github.pull_request.comment)."""
 
     name = "github.issue.comment"
+    identifying = ("repo", "number")
     kind = "issue"
 
     def _target(self, api: Api, number: int) -> dict[str, Any]:
@@ -150,6 +152,7 @@ class PullRequestComment(_Comment):
     """Comment on a pull request's conversation."""
 
     name = "github.pull_request.comment"
+    identifying = ("repo", "number")
     kind = "pull request"
 
     def _target(self, api: Api, number: int) -> dict[str, Any]:
@@ -169,6 +172,7 @@ class LabelAdd(GitHubHandler):
     """Add labels to an issue or a pull request."""
 
     name = "github.label.add"
+    identifying = ("repo", "number", "labels")
     # removing a label is easy, but a `labeled` event may already have started a workflow
     # (deploys, "safe to test" runs with secrets): not reversible, like git.push
     reversible = False

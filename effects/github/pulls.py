@@ -22,7 +22,6 @@ from effects.github.diffs import compare_diff, files_diff
 from effects.github.errors import translate
 from effects.github.handler import GitHubHandler
 from effects.github.live import Live, conflicts, read_live, recheck
-from effects.github.settings import settings_of
 from effects.github.text import Text, mention_facts, oneline
 from effects.normal_forms import branch_name, relative_path
 
@@ -34,6 +33,7 @@ class PullRequestCreate(GitHubHandler):
     """Open a pull request from a pushed branch, or from files the host commits."""
 
     name = "github.pull_request.create"
+    identifying = ("repo", "base", "head", "reviewers")
     reversible = False
     idempotent = True
     undo = (
@@ -57,8 +57,8 @@ class PullRequestCreate(GitHubHandler):
         return {**params, "files": files}
 
     def protected_for(self, params: Params, ctx: Context) -> Sequence[str]:
-        """The `files` paths under [integrations.github] protected_paths."""
-        globs = settings_of(ctx).protected_paths
+        """The `files` paths protected in the repository ([repositories.NAME])."""
+        globs = ctx.repositories.for_github(params["repo"])
         return [c.path for c in changes(params) if any(fnmatchcase(c.path, g) for g in globs)]
 
     def check(self, params: Params, ctx: Context) -> None:

@@ -22,6 +22,7 @@ from effects.http.settings import METHODS, HttpSettings, settings_from
 from effects.netguard import (
     HTTPX_ERRORS,
     MASK,
+    Allowed,
     DestinationRefused,
     NetGuard,
     Resolver,
@@ -41,6 +42,7 @@ class HttpRequest(Handler):
     """Send one HTTP request through the address guard, with host-held credentials."""
 
     name = "http.request"
+    identifying = ("method", "destination", "path", "url", "query")
     reversible = False
     idempotent = False
     assess_inline = True  # reversible_for reads the method and the destination
@@ -70,6 +72,14 @@ class HttpRequest(Handler):
     def check_config(self, settings: Mapping[str, Any]) -> None:
         super().check_config(settings)
         settings_from(settings)
+
+    def returns(self, settings: Mapping[str, Any]) -> Mapping[str, str]:
+        """Per destination, what of its answer comes back (a URL: the whole body)."""
+        parsed = settings_from(settings)
+        found = {
+            f"destination {d.name}": d.response.describe() for d in parsed.destinations.values()
+        }
+        return {**found, "a url": Allowed().describe()}
 
     @staticmethod
     def _settings(ctx: Context) -> HttpSettings:
@@ -146,6 +156,11 @@ class HttpRequest(Handler):
                 else "none: a URL from the request, no credentials added",
             ),
             ("methods", _methods_fact(settings, call)),
+            (
+                "response",
+                (call.destination.response if call.destination else Allowed()).describe()
+                + " returns to the agent",
+            ),
             ("address", address),
             (
                 "redirects",
@@ -221,7 +236,8 @@ class HttpRequest(Handler):
         masker = Masker(call.secrets)
         # read past the cap by the longest secret form: mask first, then cut
         reply = read_capped(response, settings.max_bytes + masker.longest, deadline)
-        return output(reply, url, hops, masker, settings.max_bytes)
+        allowed = call.destination.response if call.destination else None
+        return output(reply, url, hops, masker, settings.max_bytes, allowed)
 
 
 def _methods_fact(settings: HttpSettings, call: Call) -> str:

@@ -1,5 +1,6 @@
-"""What the agent reads back: status, headers and body (text, or base64 when it is not
-text), every secret of the destination masked."""
+"""What the agent reads back: what the destination's `response` allows (status and safe
+headers, chosen JSON values, or headers and body as text or base64), every secret of
+the destination masked in it too."""
 
 from __future__ import annotations
 
@@ -10,16 +11,27 @@ import httpx
 
 from broker.masking import Masker
 from broker.typing import JSON
-from effects.netguard import Reply
+from effects.netguard import Allowed, Reply
 
 TEXTUAL = re.compile(
     r"^(text/|application/([\w.+-]*\+)?(json|xml|javascript|x-www-form-urlencoded))"
 )
 
 
-def output(reply: Reply, url: httpx.URL, hops: list[str], masker: Masker, cap: int) -> JSON:
-    """The result of an exchange that ended at `url` after `hops` redirects: every secret
-    masked in every form (before the body is cut to `cap` bytes, and again after)."""
+def output(
+    reply: Reply,
+    url: httpx.URL,
+    hops: list[str],
+    masker: Masker,
+    cap: int,
+    allowed: Allowed | None = None,
+) -> JSON:
+    """The result of an exchange that ended at `url` after `hops` redirects: what
+    `allowed` lets through, every secret masked in every form (before the body is cut
+    to `cap` bytes, and again after)."""
+    allowed = allowed or Allowed()
+    if allowed.mode != "body":
+        return _allowed_only(reply, hops, masker, cap, allowed)
     body = masker.bytes(reply.body)
     truncated = "size" if len(reply.body) > cap else reply.truncated
     if len(body) > cap:
@@ -34,7 +46,27 @@ def output(reply: Reply, url: httpx.URL, hops: list[str], masker: Masker, cap: i
         "bytes": len(body),
         "truncated": truncated is not None,
         "truncated_by": truncated,
+        "returned": "body",
     }
+
+
+def _allowed_only(
+    reply: Reply, hops: list[str], masker: Masker, cap: int, allowed: Allowed
+) -> JSON:
+    """Only what the host allowed: no reason phrase, no URL a redirect chose, no body
+    (or only the chosen JSON values of it, masked)."""
+    out: JSON = {
+        "status": reply.status,
+        "headers": allowed.headers(reply.headers),
+        "redirects_followed": len(hops),
+        "bytes": len(reply.body),
+        "truncated": reply.truncated is not None,
+        "returned": allowed.mode,
+    }
+    if allowed.mode == "json":
+        picked = allowed.pick(reply.body)
+        out.update(masker(picked))
+    return out
 
 
 def _header(headers: list[tuple[str, str]], name: str) -> str:

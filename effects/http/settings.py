@@ -14,16 +14,20 @@ from broker.clock import parse_duration
 from broker.errors import ConfigError, InvalidParams
 from effects.base import Settings
 from effects.netguard import (
+    Allowed,
     Headers,
     IPNetwork,
     Secret,
     check_ca_file,
+    parse_allowed,
     parse_headers,
     parse_networks,
     parse_url,
 )
 
-DESTINATION_KEYS = frozenset({"base_url", "headers", "secret_headers", "allow_networks", "methods"})
+DESTINATION_KEYS = frozenset(
+    {"base_url", "headers", "secret_headers", "allow_networks", "methods", "response"}
+)
 # every method http.request sends (its schema's enum), in the order they are listed
 METHODS = ("GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE")
 
@@ -37,6 +41,7 @@ class Destination:
     headers: Headers
     allow: tuple[IPNetwork, ...] = ()
     methods: tuple[str, ...] | None = None  # None: any method http.request sends
+    response: Allowed = field(default_factory=Allowed)  # what of a response returns to the sandbox
 
     def allows(self, method: str) -> bool:
         return self.methods is None or method in self.methods
@@ -103,14 +108,17 @@ def _destination(name: str, spec: Any, secret: Secret) -> Destination:
         raise ConfigError(f"{where}.base_url: {exc.issues[0].message}") from exc
     if url.query or url.fragment:
         raise ConfigError(f"{where}.base_url: no query or fragment; requests add their own")
+    headers = parse_headers(
+        spec, where, lambda key: secret(f"{Settings.key('destinations', name)}.{key}")
+    )
     return Destination(
         name=name,
         base=url,
-        headers=parse_headers(
-            spec, where, lambda key: secret(f"{Settings.key('destinations', name)}.{key}")
-        ),
+        headers=headers,
         allow=parse_networks(spec.get("allow_networks"), f"{where}.allow_networks"),
         methods=_methods(spec.get("methods"), f"{where}.methods"),
+        # a service that is sent a secret may echo it in any encoding: status by default
+        response=parse_allowed(spec.get("response"), f"{where}.response", bool(headers.secret)),
     )
 
 

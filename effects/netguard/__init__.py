@@ -25,6 +25,7 @@ Modules, one per concern:
     replies    a response read no further than the caps allow
     headers    plain and secret headers from broker.toml; secrets masked
     errors     the guard's refusal; httpx's exceptions → EffectFailed
+    allowed    what of a response returns to the sandbox (`response = ...`)
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from effects.netguard.addresses import (
     shown,
     system_resolver,
 )
+from effects.netguard.allowed import Allowed, parse_allowed
 from effects.netguard.errors import _HTTPX_REASONS as _HTTPX_REASONS  # checked complete by tests
 from effects.netguard.errors import HTTPX_ERRORS, DestinationRefused, http_failure
 from effects.netguard.guard import (
@@ -59,6 +61,7 @@ __all__ = [
     "MASK",
     "SCHEMES",
     "USER_AGENT",
+    "Allowed",
     "DestinationRefused",
     "GuardedBackend",
     "GuardedTransport",
@@ -75,6 +78,7 @@ __all__ = [
     "default_port",
     "effective",
     "http_failure",
+    "parse_allowed",
     "parse_headers",
     "parse_networks",
     "parse_url",

@@ -27,6 +27,7 @@ class CopyObject(WriteEffect):
     """Copy one object onto a key; both sides must be in the allowlist."""
 
     name = "s3.copy_object"
+    identifying = ("bucket", "key", "source_bucket", "source_key", "source_version_id")
 
     def check(self, params: Params, ctx: Context) -> None:
         super().check(params, ctx)

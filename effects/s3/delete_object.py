@@ -24,6 +24,7 @@ class DeleteObject(ObjectEffect):
     """Delete one object; in a versioned bucket that leaves a delete marker, undoable."""
 
     name = "s3.delete_object"
+    identifying = ("bucket", "key")
     reversible = False  # per request: reversible in a versioned bucket
     undo = (
         "in a versioned bucket undo removes the delete marker, so the object is back; "

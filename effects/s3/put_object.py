@@ -24,6 +24,7 @@ class PutObject(WriteEffect):
     """Write one object: inline text, base64 bytes, or an attachment."""
 
     name = "s3.put_object"
+    identifying = ("bucket", "key")
 
     def check(self, params: Params, ctx: Context) -> None:
         super().check(params, ctx)

@@ -142,6 +142,8 @@ def _effects(args: argparse.Namespace) -> int:
         print(f"{e.get('name')}  ({flags})")
         print(f"    {e.get('description', '')}")
         print(f"    approval: {e.get('approval', {}).get('summary', '?')}")
+        for target, what in (e.get("returns") or {}).items():
+            print(f"    returns, {target}: {what}")
     return 0
 
 

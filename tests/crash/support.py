@@ -24,7 +24,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from broker.audit import log as audit
+from broker.audit import verify as audit
 from broker.models import TERMINAL, Record
 from broker.store.sqlite import Ledger
 from broker.validation import load_schema

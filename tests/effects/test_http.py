@@ -69,6 +69,7 @@ def settings(web: HTTPServer, crm_token: str) -> dict[str, Any]:
                 "secret_headers": {
                     "Authorization": {"value_env": "CRM_TOKEN", "prefix": "Bearer "}
                 },
+                "response": "body",  # these tests read what the service echoed
             }
         },
     }

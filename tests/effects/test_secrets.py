@@ -181,6 +181,7 @@ def test_http_secret_header_file_beside_broker_toml_is_sent(
                 "secret_headers": {
                     "X.Api-Key": {"value_file": "crm-token", "prefix": "Token "},
                 },
+                "response": "body",
             }
         },
     }

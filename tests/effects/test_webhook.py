@@ -47,6 +47,7 @@ def settings(web: HTTPServer, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]
                 "retries": 2,
                 "backoff": "10ms",
                 "timeout": "2s",
+                "response": "body",  # these tests read the receiver's answer
             },
             "plain": {"url": f"http://127.0.0.1:{web.port}/hook", "retries": 0},
         },
@@ -97,6 +98,7 @@ def test_signed_delivery_arrives_with_the_exact_body(
         "delivery_id": delivery_id(ctx),
         "response": "ok",
         "truncated": False,
+        "returned": "body",
     }
 
 

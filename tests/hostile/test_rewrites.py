@@ -10,7 +10,7 @@ import hashlib
 
 import pytest
 
-from broker.audit import log as audit
+from broker.audit import verify as audit
 from broker.models import canonical_json
 from tests.hostile.conftest import FIGURES, HostileHost
 

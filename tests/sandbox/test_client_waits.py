@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from broker.approval.decisions import Ballot, decide_and_wake
-from broker.audit import log as audit
+from broker.audit import verify as audit
 from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness, FakeHandler
 from tests.sandbox.conftest import CLIENT

@@ -16,7 +16,7 @@ import docker
 import pexpect
 import pytest
 
-from broker.audit import log as audit
+from broker.audit import verify as audit
 from broker.hosting import sandbox
 from tests.support import Hook, eventually
 

@@ -263,3 +263,52 @@ def test_audit_settings_that_would_not_protect_are_refused(
     cfg = load_config(tmp_path / "broker.toml")
     with pytest.raises(ConfigError, match=message):
         audit_settings(cfg)
+
+
+def _drop_meta(host: Host, key: str) -> None:
+    db = sqlite3.connect(host.harness.config.ledger_path)
+    try:
+        db.execute("DELETE FROM meta WHERE key = ?", (key,))
+        db.commit()
+    finally:
+        db.close()
+
+
+def test_a_downgraded_log_is_refused_without_the_checkpoints(host: Host) -> None:
+    """Issue 24 finding 2: every key mark stripped, a decision forged, the chain re-sealed
+    with sha256 and the ledger's head reset: plain verify refuses it (the ledger's signed
+    record says from which event every line is keyed) and says how to use checkpoints."""
+    lines = resealed(host.lines())
+    lines[-1]["by"] = "ceo"
+    host.write_lines(resealed(lines))
+    _drop_meta(host, "audit_head")
+    done = host.verify()
+    assert done.returncode == 1, done.stdout
+    assert "line 1:" in done.stderr and "re-chained without the key" in done.stderr
+    assert "--checkpoints" in done.stderr
+
+
+def test_a_downgraded_log_with_every_audit_record_removed_is_refused(host: Host) -> None:
+    """The same with the keyed-start record deleted too: a host with a key whose log has
+    no keyed line at all is refused by plain verify, never "ok (keyed)"."""
+    host.write_lines(resealed(host.lines()))
+    reset_ledger_head(host)
+    done = host.verify()
+    assert done.returncode == 1, done.stdout
+    assert "no line is keyed" in done.stderr and "--checkpoints" in done.stderr
+
+
+def test_a_forged_keyed_start_record_is_refused(host: Host) -> None:
+    """A keyed-start record moved past the end (so the stripped lines fall before it)
+    is not signed by the key: refused."""
+    host.write_lines(resealed(host.lines()))
+    db = sqlite3.connect(host.harness.config.ledger_path)
+    try:
+        db.execute("UPDATE meta SET value = ? WHERE key = 'audit_keyed_from'", ('[999, "00"]',))
+        db.commit()
+    finally:
+        db.close()
+    _drop_meta(host, "audit_head")
+    done = host.verify()
+    assert done.returncode == 1, done.stdout
+    assert "not signed by this audit key" in done.stderr

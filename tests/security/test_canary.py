@@ -184,6 +184,7 @@ def test_http_request_echo_in_every_form_and_cut_at_the_cap(
                 "secret_headers": {
                     "Authorization": {"value_env": "CANARY_HTTP", "prefix": "Bearer "}
                 },
+                "response": "body",  # masking alone, as defence in depth
             }
         },
     }
