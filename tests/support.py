@@ -40,7 +40,7 @@ T = TypeVar("T")
 # How long a test waits for what arrives on another thread or process. Generous on
 # purpose: a passing test never waits it out, and a test asserts that something
 # happens, not how fast (on two cores shared with a load of 25 a delivery took > 5 s).
-PATIENCE = 30.0
+PATIENCE = 60.0
 
 
 def eventually(check: Callable[[], T], timeout: float = PATIENCE) -> T:

@@ -37,6 +37,7 @@ from tests.crash.support import (
     soak,
     wait_for,
 )
+from tests.support import PATIENCE
 
 POLICY = """
 [[rules]]
@@ -276,11 +277,11 @@ def crash_run(base: Path, receiver: Receiver, point: str, n: int) -> Outcome:
 
     second = site.start(log_name="restarted.log")
     try:
-        wait_for(lambda: "serving" in second.output(), 20, f"{tag}: the restarted broker")
+        wait_for(lambda: "serving" in second.output(), PATIENCE, f"{tag}: the restarted broker")
         restarted = now()
         barrier = w.barrier()  # answered once the restarted broker watches its outbox
         site.write(f"{barrier['id']}.json", barrier)
-        wait_for(lambda: settled(w, watch), 20, f"{tag}: every request settled after restart")
+        wait_for(lambda: settled(w, watch), PATIENCE, f"{tag}: every request settled after restart")
         if watch.status(w.gate_approve) == "pending":
             approve(site, f"default/{w.gate_approve}")
         wait_for(

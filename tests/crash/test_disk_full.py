@@ -20,6 +20,7 @@ from tests.crash.support import (
     schema_problems,
     wait_for,
 )
+from tests.support import PATIENCE
 
 SIZE = "2m"
 
@@ -81,7 +82,7 @@ def test_full_state_disk_stops_the_broker_loudly_and_it_recovers(
     try:
         for i in range(3):
             site.write(f"before-{i}.json", request(f"before-{i}"))
-        wait_for(lambda: len(site.results_now()) == 3, 20, "the first requests answered")
+        wait_for(lambda: len(site.results_now()) == 3, PATIENCE, "the first requests answered")
         filler = fill(small_disk)
         late = [f"full-{i}" for i in range(20)]
         for rid in late:

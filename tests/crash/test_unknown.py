@@ -10,6 +10,7 @@ import pytest
 
 from tests.crash.support import Receiver, Site, audit_events, wait_for
 from tests.crash.test_crash_points import POLICY
+from tests.support import PATIENCE
 
 
 @pytest.mark.parametrize(
@@ -30,7 +31,7 @@ def test_interrupted_send_ends_unknown_and_reconcile_settles_it(
     assert receiver.count(f"default/{rid}")[0] == delivered
     broker = site.start(log_name="restarted.log")
     try:
-        wait_for(lambda: site.results_now().get(rid, {}).get("status") == "unknown", 20, rid)
+        wait_for(lambda: site.results_now().get(rid, {}).get("status") == "unknown", PATIENCE, rid)
         result = site.results_now()[rid]
         assert "broker reconcile" in result["reason"]
 
@@ -63,7 +64,7 @@ def test_send_killed_before_its_handler_ran_is_applied_once_on_restart(
     assert receiver.count(f"default/{rid}")[0] == 0
     broker = site.start(log_name="restarted.log")
     try:
-        wait_for(lambda: site.results_now().get(rid, {}).get("status") == "applied", 20, rid)
+        wait_for(lambda: site.results_now().get(rid, {}).get("status") == "applied", PATIENCE, rid)
     finally:
         assert broker.stop() == 0, broker.output()
 
