@@ -429,3 +429,34 @@ def test_step_up_method_and_token_surfaces(web: Web, issuer: Issuer) -> None:
     )
     assert refused.status_code == 401, refused.text
     assert refused.json()["error"]["code"] == "step_up_required"
+
+
+# -- the whole flow in Chromium ---------------------------------------------------------
+
+
+def test_in_chromium_sign_in_decide_sign_out(chromium: Any, web: Web, issuer: Issuer) -> None:
+    """A person opens the inbox, signs in on the provider's own page, approves an
+    irreversible request (signed in just now: no step-up), and signs out."""
+    from playwright.sync_api import expect
+
+    issuer.person("ivy", name="Ivy \u202eevil", groups=["platform"])
+    gone = web.gated("test.gone")
+    chromium.clear_cookies()
+    tab = chromium.new_page()
+    try:
+        tab.goto(f"{web.url}/requests/default/{gone['id']}")
+        tab.click("#sign-in-oidc")
+        tab.fill("input[name=sub]", "ivy")  # the provider's login form
+        tab.click("button:has-text('Authorize')")
+        expect(tab.locator("#approve")).to_be_visible()
+        expect(tab.locator(".display-name")).to_contain_text("Ivy <U+202E RLO>evil")
+        tab.click("#approve")
+        expect(tab.locator(".notice")).to_contain_text("Your approval is recorded")
+        assert web.harness.wait(gone["id"])["status"] == "applied"
+        assert decisions(web)[-1]["identity"]["sub"] == "ivy"
+        tab.click("header form[action='/logout'] button")
+        expect(tab.locator("#sign-in-oidc")).to_be_visible()
+        tab.goto(f"{web.url}/")
+        expect(tab.locator("#sign-in-oidc")).to_be_visible()  # still signed out
+    finally:
+        tab.close()
