@@ -82,10 +82,10 @@ def oidc_settings(config: Config) -> OidcSettings | None:
         return None
     if not isinstance(table, Mapping):
         raise ConfigError("[web.oidc] must be a table")
+    check_no_literal_secrets(table, "web.oidc")
     unknown = set(table) - OIDC_KEYS
     if unknown:
         raise ConfigError(f"web.oidc.{sorted(unknown)[0]}: unknown key")
-    check_no_literal_secrets(table, "web.oidc")
     issuer = _text(table, "issuer").rstrip("/")
     _transport("web.oidc.issuer", issuer)
     algorithms = _texts(table, "algorithms", ["RS256", "ES256"])
