@@ -19,6 +19,7 @@ there are several), `exp` in the future, `iat` not, `nonce` the one this flow se
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 from collections.abc import Mapping
@@ -248,14 +249,14 @@ class Provider:
             code_verifier=started.verifier,
             **({} if self.settings.client_secret else {"client_id": self.settings.client_id}),
         )
+        headers = {"Content-Type": "application/x-www-form-urlencoded"}
         secret = self.settings.client_secret
-        auth = (quote(self.settings.client_id, safe=""), quote(secret, safe="")) if secret else None
+        if secret:  # client_secret_basic: each part form-encoded first (RFC 6749, 2.3.1)
+            pair = f"{quote(self.settings.client_id, safe='')}:{quote(secret, safe='')}"
+            headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
         try:
             response = self._http.post(
-                self.metadata()["token_endpoint"],
-                content=body,
-                auth=auth,
-                headers={"Content-Type": "application/x-www-form-urlencoded"},
+                self.metadata()["token_endpoint"], content=body, headers=headers
             )
             token = response.json()
         except (httpx.HTTPError, json.JSONDecodeError) as exc:
