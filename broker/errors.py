@@ -17,6 +17,9 @@
     ├── StateBusy              another process serves this state dir
     ├── OwnerGone              the serving broker closed its control connection
     ├── DecisionError          a decision cannot be recorded (stale sha256, not pending…)
+    │   ├── NotAnApprover      this person may not decide this request (its rule's approvers)
+    │   └── StepUpRequired     a fresh sign-in with the identity provider comes first
+    ├── SignInError            an OIDC sign-in failed (forged, stale or replayed token)
     ├── ControlError           a kill switch, remembered rule or proposal cannot change so
     ├── NotifyError            a notification service (Slack) refused or did not answer
     └── Outcome                stop here: this is the request's answer (control flow)
@@ -116,6 +119,24 @@ class NotifyError(BrokerError):
 
 class DecisionError(BrokerError):
     """A decision cannot be recorded (stale sha256, request not pending, …)."""
+
+
+class NotAnApprover(DecisionError):
+    """The decider is not among the rule's approvers, or is the agent that asked."""
+
+
+class StepUpRequired(DecisionError):
+    """The rule asks for a recent (or stronger) sign-in than the decider's: `max_age_s`
+    is how recent, `acr` the classes the provider must report, for the way back."""
+
+    def __init__(self, message: str, max_age_s: float, acr: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.max_age_s = max_age_s
+        self.acr = tuple(acr)
+
+
+class SignInError(BrokerError):
+    """An OIDC sign-in cannot be accepted: the message says why, for the person."""
 
 
 class ControlError(BrokerError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, Literal
@@ -197,6 +198,9 @@ class Verdict:
     batch: bool = True  # may a person decide it within a selection (policy `batch`)
     slack_buttons: bool = False  # Approve/Deny buttons in Slack (policy `slack_buttons`)
     slack_buttons_irreversible: bool = False  # ...on irreversible requests too
+    approvers: tuple[str, ...] = ()  # who may decide (names, "group:NAME"); empty: anyone
+    step_up: Mapping[str, Any] | None = None  # policy.deciders.StepUp's JSON form
+    notify: str | None = None  # the group told of it ([notify.groups.NAME])
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -213,6 +217,12 @@ class Verdict:
             data["slack_buttons"] = True
         if self.slack_buttons_irreversible:
             data["slack_buttons_irreversible"] = True
+        if self.approvers:
+            data["approvers"] = list(self.approvers)
+        if self.step_up is not None:
+            data["step_up"] = dict(self.step_up)
+        if self.notify is not None:
+            data["notify"] = self.notify
         return data
 
     @classmethod
@@ -227,6 +237,9 @@ class Verdict:
             batch=data.get("batch", True) is not False,
             slack_buttons=data.get("slack_buttons") is True,
             slack_buttons_irreversible=data.get("slack_buttons_irreversible") is True,
+            approvers=tuple(data.get("approvers", ())),
+            step_up=data.get("step_up"),
+            notify=data.get("notify"),
         )
 
 

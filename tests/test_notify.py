@@ -283,3 +283,39 @@ def test_bad_webhook_config_names_the_key(settings: dict[str, Any], where: str) 
     """A broken [notify] section is refused with a message naming the entry and key."""
     with pytest.raises(ConfigError, match=where.replace("[", r"\[").replace("]", r"\]")):
         webhooks_from(settings)
+
+
+def test_a_rule_routes_its_requests_to_its_group(
+    hook: Hook, start: Start, fake: FakeHandler
+) -> None:
+    """A rule's `notify = "ops"` sends its requests to [notify.groups.ops]'s webhook alone;
+    every other request, and one naming a group not configured, to the default webhook."""
+    from broker.approval.notify import groups_from
+
+    policy = (
+        '[[rules]]\neffect = "test.record"\nwhen = { value = "ops" }\naction = "approve"\n'
+        'notify = "ops"\n\n[[rules]]\neffect = "test.record"\nwhen = { value = "lost" }\n'
+        'action = "approve"\nnotify = "nobody"\n\n' + POLICY
+    )
+    groups = groups_from({"groups": {"ops": {"webhooks": [{"url": hook.url("/ops")}]}}})
+    notifier = Notifier([Webhook(hook.url("/default"), "json")], groups=groups, backoff=0.05)
+    h = start(handlers=[fake], policy=policy, builtins=False)
+    assert h.broker is not None
+    h.broker.notify_with(notifier)
+    for value in ("ops", "x", "lost"):
+        h.submit(h.request("test.record", {"value": value}), terminal=False)
+    [ops] = hook.wait_for("/ops", 1)
+    default = hook.wait_for("/default", 2)
+    notifier.close()
+    assert '"ops"' in ops["body"]["body"]
+    assert sorted(json.loads(c["body"]["body"])["value"] for c in default) == ["lost", "x"]
+    assert len(hook.calls("/ops")) == 1
+
+
+def test_notify_groups_mistakes_name_their_key() -> None:
+    from broker.approval.notify import groups_from
+
+    with pytest.raises(ConfigError, match=r"notify\.groups\.ops\.channel: unknown key"):
+        groups_from({"groups": {"ops": {"channel": "C1"}}})
+    with pytest.raises(ConfigError, match=r"notify\.groups\.ops\.webhooks\[0\]\.url"):
+        groups_from({"groups": {"ops": {"webhooks": [{"url": "ftp://x"}]}}})

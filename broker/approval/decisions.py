@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from broker import clock
+from broker.approval.eligibility import Eligibility
 from broker.approval.timeline import durations, timeline
 from broker.audit.checkpoints import audit_log
 from broker.audit.log import event as audit_event
@@ -24,7 +25,7 @@ from broker.audit.log import flush
 from broker.clock import REAL, Clock, iso, parse_iso
 from broker.config import Config
 from broker.errors import BrokerError, DecisionError
-from broker.identity import approver_name, same_person
+from broker.identity import Proof, approver_name, same_person
 from broker.lifecycle.transitions import Lifecycle
 from broker.models import Decision, Record
 from broker.outcomes import links, service_warning
@@ -50,6 +51,7 @@ class Ballot:
     reason: str | None
     surface: str  # cli | prompt | web | slack | api | autogen …
     sha256: str | None
+    proof: Proof | None = None  # an OIDC sign-in: issuer, subject, groups, auth_time
 
 
 @dataclass(frozen=True)
@@ -70,12 +72,16 @@ def approvers(ledger: Store, record: Record) -> list[str]:
     return [d.approver for d in ledger.decisions(*record.key) if d.verdict == "approve"]
 
 
-def decide(ledger: Store, ballot: Ballot, now: Clock = REAL) -> Tally:
+def decide(
+    ledger: Store, ballot: Ballot, now: Clock = REAL, rules: Eligibility | None = None
+) -> Tally:
     """Record one person's verdict on a pending request; settle it when quorum is met.
 
     `ballot.sha256` is what the decider saw (a prefix of at least 12 hex digits is
     accepted from a terminal); None means "the request as recorded", for surfaces that
     show it. `now` is the clock its deadline is judged on (a test's FakeClock).
+    `rules` says who may decide (broker.approval.eligibility; none: the rule's terms
+    with nobody mapped and no default step-up).
     """
     verdict, reason = ballot.verdict, ballot.reason
     if verdict not in VERDICTS:
@@ -88,6 +94,7 @@ def decide(ledger: Store, ballot: Ballot, now: Clock = REAL) -> Tally:
     with ledger.transaction():
         record = ledger.find(ballot.ref)
         _check_decidable(record, ballot.sha256, now)
+        (rules or Eligibility()).check(record, approver, ballot.surface, ballot.proof, now)
         previous = ledger.decisions(*record.key)
         if any(same_person(d.approver, approver) for d in previous):
             raise DecisionError(
@@ -116,6 +123,7 @@ def decide(ledger: Store, ballot: Ballot, now: Clock = REAL) -> Tally:
                 verdict=verdict,
                 reason=reason,
                 surface=ballot.surface,
+                **({"identity": ballot.proof.audit()} if ballot.proof else {}),
             )
         )
         return _settle(ledger, record, [*previous, decision], stamp)
@@ -159,7 +167,7 @@ def _settle(ledger: Store, record: Record, decisions: list[Decision], stamp: str
 
 def decide_and_wake(config: Config, ledger: Store, ballot: Ballot) -> Tally:
     """What every surface does: `decide`, append its audit events, wake the broker."""
-    tally = decide(ledger, ballot)
+    tally = decide(ledger, ballot, rules=Eligibility.of(config))
     wake(config, ledger, f"decision on {ballot.ref}")
     return tally
 

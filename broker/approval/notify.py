@@ -12,6 +12,12 @@ Configured in broker.toml:
     bot_token_env = "SLACK_BOT_TOKEN"
     signing_secret_env = "SLACK_SIGNING_SECRET"
     channel = "C0123456789"
+    [notify.groups.platform]                # a rule's `notify = "platform"` goes here
+    slack_channel = "C0PLATFORM"            # instead of [notify.slack]'s channel
+    webhooks = [{ url_env = "PLATFORM_HOOK", format = "slack" }]   # instead of the above
+
+A request whose rule names a configured group is told to that group alone (its Slack
+channel, its webhooks); any other, and one naming a group not configured, to the rest.
 
 Delivery runs on its own thread, retried with backoff; a failure is logged and
 counted, and never blocks or loses the request (people can always run `broker pending`).
@@ -53,15 +59,50 @@ class Webhook:
     format: str = "json"
 
 
+@dataclass(frozen=True)
+class Route:
+    """Where a group is told: its webhooks, and its Slack channel."""
+
+    hooks: tuple[Webhook, ...] = ()
+    slack_channel: str | None = None
+
+
 def webhooks_from(settings: Mapping[str, Any], base_dir: Path | None = None) -> list[Webhook]:
     """Read [[notify.webhooks]]; a fault names the entry and key. A relative `url_file`
     is read beside broker.toml (`base_dir`), as every secret."""
-    hooks = []
-    unknown = set(settings) - {"webhooks", "inbox_url", "retries", "slack"}
+    unknown = set(settings) - {"webhooks", "inbox_url", "retries", "slack", "groups"}
     if unknown:
         raise ConfigError(f"notify.{sorted(unknown)[0]}: unknown key")
-    for i, entry in enumerate(settings.get("webhooks", [])):
-        where = f"notify.webhooks[{i}]"
+    return _hooks(settings.get("webhooks", []), "notify.webhooks", base_dir)
+
+
+def groups_from(settings: Mapping[str, Any], base_dir: Path | None = None) -> dict[str, Route]:
+    """Read [notify.groups.NAME]: each group's webhooks and Slack channel."""
+    routes = {}
+    groups = settings.get("groups", {})
+    if not isinstance(groups, Mapping):
+        raise ConfigError("notify.groups: must be a table of [notify.groups.NAME] tables")
+    for name, entry in groups.items():
+        where = f"notify.groups.{name}"
+        if not isinstance(entry, Mapping):
+            raise ConfigError(f"[{where}] must be a table")
+        bad = set(entry) - {"webhooks", "slack_channel"}
+        if bad:
+            raise ConfigError(f"{where}.{sorted(bad)[0]}: unknown key")
+        channel = entry.get("slack_channel")
+        if channel is not None and not (isinstance(channel, str) and channel.strip()):
+            raise ConfigError(f'{where}.slack_channel: a channel id, e.g. "C0123456789"')
+        hooks = _hooks(entry.get("webhooks", []), f"{where}.webhooks", base_dir)
+        routes[name] = Route(tuple(hooks), channel)
+    return routes
+
+
+def _hooks(entries: Any, at: str, base_dir: Path | None) -> list[Webhook]:
+    if not isinstance(entries, list):
+        raise ConfigError(f"{at}: must be an array of tables")
+    hooks = []
+    for i, entry in enumerate(entries):
+        where = f"{at}[{i}]"
         if not isinstance(entry, Mapping):
             raise ConfigError(f"{where}: must be a table")
         bad = set(entry) - {"url", "url_env", "url_file", "format"}
@@ -140,8 +181,10 @@ class Notifier:
         transport: httpx.BaseTransport | None = None,
         slack: SlackNotifier | None = None,
         clock: Clock = REAL,
+        groups: Mapping[str, Route] | None = None,
     ) -> None:
         self.hooks = hooks
+        self.groups = dict(groups or {})
         self.clock = clock  # paces the retries
         self.slack = slack
         self.inbox_url = inbox_url
@@ -162,20 +205,25 @@ class Notifier:
         from broker.approval.decisions import card
 
         if record.state == "pending":
-            self.pending(card(ledger, record, registry))
+            self.pending(card(ledger, record, registry), (record.verdict or {}).get("notify"))
         elif record.terminal and self.slack is not None:
             self.settled(card(ledger, record, registry), record.output)
 
-    def pending(self, card: Mapping[str, Any]) -> None:
-        """Queue one message per webhook for a request that started waiting."""
+    def pending(self, card: Mapping[str, Any], group: str | None = None) -> None:
+        """Queue one message per webhook for a request that started waiting: the
+        webhooks and channel of the group its rule names, if configured, else the rest."""
         key = (str(card["ref"]), str(card["request_sha256"]))
         if key in self._seen:
             return
         self._seen.add(key)
-        for hook in self.hooks:
+        route = self.groups.get(group) if group else None
+        for hook in route.hooks if route is not None else self.hooks:
             self._queue.put((hook, payload(card, hook, self.inbox_url)))
-        if self.slack is not None:
-            self.slack.pending(_shown(card, None))
+        if self.slack is not None and (route is None or route.slack_channel):
+            shown = _shown(card, None)
+            if route is not None:
+                shown["slack_channel"] = route.slack_channel
+            self.slack.pending(shown)
 
     def settled(self, card: Mapping[str, Any], output: Any = None) -> None:
         """A request with a message in Slack reached its outcome: update the message."""
@@ -230,14 +278,16 @@ def notifier_from(config: Config) -> Notifier | None:
     from broker.slack.settings import slack_settings
 
     hooks = webhooks_from(config.notify, config.base_dir)
+    groups = groups_from(config.notify, config.base_dir)
     slack = slack_settings(config)
-    if not hooks and slack is None:
+    if not hooks and not groups and slack is None:
         return None
+    inbox_url = config.notify.get("inbox_url")
     if slack is None:
-        return Notifier(hooks, inbox_url=config.notify.get("inbox_url"))
+        return Notifier(hooks, inbox_url=inbox_url, groups=groups)
     from broker.slack.notifier import SlackNotifier
 
-    return Notifier(hooks, inbox_url=config.notify.get("inbox_url"), slack=SlackNotifier(slack))
+    return Notifier(hooks, inbox_url=inbox_url, slack=SlackNotifier(slack), groups=groups)
 
 
 class Notifiable(Protocol):

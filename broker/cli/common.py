@@ -104,14 +104,17 @@ def open_ledger(cfg: Config) -> Store:
 
 def identity(as_: str | None, cfg: Config) -> str:
     """Who decides: the account of the effective uid (the password database, never
-    $USER), or `--as NAME` where the host allows it; normalised (broker.identity)."""
+    $USER), or the approver whose `os_user` it is, or `--as NAME` where the host allows
+    it; normalised (broker.identity)."""
     from broker.identity import approver_name, os_user
+    from broker.people import People
 
     if as_ is not None:
         if not cfg.allow_as:
             fail("--as is not allowed on this host (set allow_as = true under [broker])")
         return guarded(lambda: approver_name(as_))
-    return guarded(os_user)
+    account = guarded(os_user)
+    return guarded(lambda: People.of(cfg.approvers).of_os_user(account))
 
 
 def age(seconds: float | None) -> str:

@@ -12,6 +12,13 @@ from typing import Any
 from broker.clock import parse_duration
 from broker.errors import PolicyError
 from broker.models import Verdict
+from broker.policy.deciders import (
+    DECIDER_KEYS,
+    StepUp,
+    parse_approvers,
+    parse_notify,
+    parse_step_up,
+)
 from broker.policy.history import NO_HISTORY, History
 
 __all__ = [
@@ -29,7 +36,7 @@ ACTIONS = ("auto", "approve", "deny")
 # how people may decide what an approve rule holds: within a selection, from Slack
 SURFACE_KEYS = ("batch", "slack_buttons", "slack_buttons_irreversible")
 RULE_KEYS = {"effect", "when", "action", "reason", "approvals", "timeout", "on_timeout"}
-RULE_KEYS |= {*SURFACE_KEYS, "protected_paths", "after", "unset"}
+RULE_KEYS |= {*SURFACE_KEYS, *DECIDER_KEYS, "protected_paths", "after", "unset"}
 AFTER_KEYS = {"effect", "when", "within"}
 PROTECTED_RULE = "protected_paths"
 RUNS_IN_SANDBOX = "sandbox"
@@ -128,6 +135,9 @@ class Rule:
     kind: str = "rules"  # or "remembered": an accepted proposal (broker.policy.controls)
     reversible_only: bool = False  # remembered from a reversible request: only for those
     unset: tuple[str, ...] = ()  # params a matching request must leave out
+    approvers: tuple[str, ...] = ()  # who may decide: names and "group:NAME" (all: empty)
+    step_up: StepUp | None = None  # a recent sign-in to decide (broker.policy.deciders)
+    notify: str | None = None  # the group told ([notify.groups.NAME])
 
     @property
     def label(self) -> str:
@@ -186,6 +196,9 @@ class Rule:
             batch=self.batch,
             slack_buttons=self.slack_buttons,
             slack_buttons_irreversible=self.slack_buttons_irreversible,
+            approvers=self.approvers,
+            step_up=self.step_up.to_json() if self.step_up else None,
+            notify=self.notify,
         )
 
 
@@ -206,7 +219,7 @@ def parse_rule(
     protected = _protected_paths(where, raw, action)
     after = _after(f"{where}.after", raw.get("after"))
     if action != "approve":
-        for key in ("approvals", "timeout", "on_timeout", *SURFACE_KEYS):
+        for key in ("approvals", "timeout", "on_timeout", *SURFACE_KEYS, *DECIDER_KEYS):
             if key in raw:
                 raise PolicyError(f"{where}.{key}: only an 'approve' rule takes {key}")
         return Rule(
@@ -247,6 +260,9 @@ def parse_rule(
         after,
         kind,
         unset=unset,
+        approvers=parse_approvers(f"{where}.approvers", raw.get("approvers")),
+        step_up=parse_step_up(f"{where}.step_up", raw.get("step_up")),
+        notify=parse_notify(f"{where}.notify", raw.get("notify")),
     )
 
 

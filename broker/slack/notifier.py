@@ -102,7 +102,8 @@ class SlackNotifier:
         known = self.store.get(card["sandbox"], card["id"])
         if known is not None and known.sha256 == card["request_sha256"]:
             return  # already posted (a restart, or a second notice)
-        body = {"channel": self.settings.channel, **messages.message(card, self.settings.inbox_url)}
+        channel = card.get("slack_channel") or self.settings.channel  # a group's, if routed
+        body = {"channel": channel, **messages.message(card, self.settings.inbox_url)}
         answer = self._call("chat.postMessage", body)
         if answer is None:
             return
@@ -119,7 +120,7 @@ class SlackNotifier:
                 card["sandbox"],
                 card["id"],
                 str(card["request_sha256"]),
-                str(answer.get("channel") or self.settings.channel),
+                str(answer.get("channel") or channel),
                 str(answer["ts"]),
                 expires_at,
                 deadline.get("on_timeout"),

@@ -193,13 +193,16 @@ def decide(
     try:
         ref = f"{sandbox}/{request_id}"
         tally = inbox.decide(
-            Ballot(ref, body.verdict, who.approver, reason, who.surface, body.request_sha256)
+            Ballot(
+                ref, body.verdict, who.approver, reason, who.surface, body.request_sha256, who.proof
+            )
         )
         card = inbox.card(sandbox, request_id)
     except RequestNotFound as exc:
         raise ApiError(404, "not_found", str(exc)) from exc
     except Refused as exc:
-        raise ApiError(409, exc.code, exc.message) from exc
+        status = {"step_up_required": 401, "not_an_approver": 403}.get(exc.code, 409)
+        raise ApiError(status, exc.code, exc.message) from exc
     return {
         "settled": tally.settled,
         "approvals": tally.approvals,
@@ -220,7 +223,12 @@ def decide_batch(body: BatchIn, inbox: InboxDep, who: Who) -> dict[str, Any]:
         raise ApiError(422, "reason_required", "a denial needs a reason: the agents read it")
     picks = [Pick(r.sandbox, r.id, r.request_sha256) for r in body.requests]
     done = inbox.decide_many(
-        picks, body.verdict, approver=who.approver, reason=reason, surface=who.surface
+        picks,
+        body.verdict,
+        approver=who.approver,
+        reason=reason,
+        surface=who.surface,
+        proof=who.proof,
     )
     results = [batch_item(p) for p in done]
     recorded = sum(1 for p in done if p.recorded)

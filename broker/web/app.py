@@ -10,6 +10,8 @@ exactly as `broker approve` does.
     tls_certfile = "cert.pem"    # serve HTTPS (both, relative to broker.toml)
     tls_keyfile = "key.pem"
     secure_cookie = true         # default: true with TLS; set it behind a TLS proxy
+
+    [web.oidc]                   # sign in with the identity provider (broker.web.oidc)
 """
 
 from __future__ import annotations
@@ -32,14 +34,16 @@ from broker import __version__
 from broker.clock import parse_duration
 from broker.config import Config
 from broker.errors import ConfigError
+from broker.people import People
 from broker.registry import Registry
 from broker.slack.settings import slack_settings
 from broker.store.base import Store
 from broker.store.factory import open_store
-from broker.web import api, history, pages, replay, undo, waiting
+from broker.web import api, history, pages, replay, signin, undo, waiting
 from broker.web import slack_actions as slack
 from broker.web.auth import Gate, Sessions, load_approvers
 from broker.web.inbox import Inbox
+from broker.web.oidc import Provider, oidc_settings
 
 if TYPE_CHECKING:
     from broker.observability.metrics import Metrics
@@ -57,7 +61,7 @@ SECURITY_HEADERS = {
     "cache-control": "no-store",
 }
 MAX_BODY = 64 * 1024  # a decision is a verdict, a reason and a hash
-WEB_KEYS = {"session_ttl", "tls_certfile", "tls_keyfile", "secure_cookie", "listen"}
+WEB_KEYS = {"session_ttl", "tls_certfile", "tls_keyfile", "secure_cookie", "listen", "oidc"}
 _CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
 
 
@@ -114,7 +118,10 @@ def create_app(
     """The web surface over `config`'s ledger (and `metrics` at /metrics, when given);
     raises ConfigError for a bad [web]/[approvers]."""
     settings = web_settings(config)
-    gate = Gate(load_approvers(config.approvers), Sessions(settings.session_ttl_s))
+    people = People.of(config.approvers)
+    gate = Gate(load_approvers(config.approvers), Sessions(settings.session_ttl_s), people)
+    oidc = oidc_settings(config)
+    sign_in = signin.SignIn(oidc, Provider(oidc)) if oidc is not None else None
     inbox = Inbox(config, registry, ledger_factory or (lambda: open_store(config)))
     chat = slack_settings(config)
     callback = slack.SlackCallback(chat, inbox) if chat is not None else None
@@ -125,6 +132,8 @@ def create_app(
         inbox.close()
         if callback is not None:
             callback.close()
+        if sign_in is not None:
+            sign_in.provider.close()
 
     app = FastAPI(
         title="Sandbox-outbox broker",
@@ -135,8 +144,16 @@ def create_app(
         redoc_url=None,
         lifespan=lifespan,
     )
-    renderer = pages.Pages(inbox, gate, secure_cookie=settings.secure_cookie)
+    inbox_url = config.notify.get("inbox_url")
+    renderer = pages.Pages(
+        inbox,
+        gate,
+        secure_cookie=settings.secure_cookie,
+        oidc=sign_in is not None,
+        inbox_url=inbox_url.rstrip("/") if isinstance(inbox_url, str) else None,
+    )
     app.state.inbox = inbox
+    app.state.sign_in = sign_in
     app.state.gate = gate
     app.state.pages = renderer
     app.state.slack = callback
@@ -145,6 +162,7 @@ def create_app(
     app.include_router(slack.router)
     app.include_router(pages.router)
     app.include_router(history.router)
+    app.include_router(signin.router)
     app.include_router(replay.router)  # before waiting's /requests/…: no overlap, by order
     app.include_router(waiting.router)
     app.include_router(undo.router)

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from broker.clock import REAL, Clock
 from broker.errors import ConfigError, DecisionError
-from broker.identity import approver_name
+from broker.identity import Proof, approver_name
+from broker.people import PERSON_KEYS, People
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -70,11 +71,11 @@ def load_approvers(table: Mapping[str, Any]) -> dict[str, str]:
                 f"{where}.token: a token is never written in broker.toml; write its "
                 f"token_sha256 instead (`broker web token {name}` prints it)"
             )
-        unknown = set(entry) - {"token_sha256", "slack_user"}
+        unknown = set(entry) - {"token_sha256", "slack_user", *PERSON_KEYS}
         if unknown:
             raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown key")
-        if "token_sha256" not in entry and "slack_user" in entry:
-            continue
+        if "token_sha256" not in entry and set(entry) & {"slack_user", *PERSON_KEYS}:
+            continue  # decides in Slack, the CLI or with the identity provider only
         person = _person(name, where, digests)
         digest = entry.get("token_sha256")
         if not isinstance(digest, str) or not _SHA256.fullmatch(digest.lower()):
@@ -108,11 +109,13 @@ def _person(name: str, where: str, known: Mapping[str, str]) -> str:
 
 @dataclass(frozen=True)
 class Session:
-    """A signed-in browser: who, its CSRF token, and when it ends (monotonic seconds)."""
+    """A signed-in browser: who, its CSRF token, and when it ends (monotonic seconds);
+    `proof` when it signed in with the identity provider (it ends with the ID token)."""
 
     approver: str
     csrf: str
     expires: float
+    proof: Proof | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,10 @@ class Identity:
     approver: str
     surface: str
     session: Session | None = None
+
+    @property
+    def proof(self) -> Proof | None:
+        return self.session.proof if self.session is not None else None
 
 
 class Sessions:
@@ -133,9 +140,13 @@ class Sessions:
         self._by_id: dict[str, Session] = {}
         self._lock = threading.Lock()
 
-    def open(self, approver: str) -> tuple[str, Session]:
+    def open(self, approver: str, proof: Proof | None = None) -> tuple[str, Session]:
+        """A new session for `approver`: `ttl_s` long, or less when its token ends sooner."""
         sid = secrets.token_urlsafe(32)
-        session = Session(approver, secrets.token_urlsafe(32), self.clock.monotonic() + self.ttl_s)
+        life = self.ttl_s
+        if proof is not None:
+            life = min(life, proof.expires - self.clock.now().timestamp())
+        session = Session(approver, secrets.token_urlsafe(32), self.clock.monotonic() + life, proof)
         with self._lock:
             moment = self.clock.monotonic()
             for old in [k for k, s in self._by_id.items() if s.expires <= moment]:
@@ -161,17 +172,23 @@ class Sessions:
 class Gate:
     """Turns a request's bearer token or session cookie into an Identity, or None."""
 
-    def __init__(self, approvers: Mapping[str, str], sessions: Sessions) -> None:
+    def __init__(
+        self, approvers: Mapping[str, str], sessions: Sessions, people: People | None = None
+    ) -> None:
         self.approvers = dict(approvers)
         self.sessions = sessions
+        self.people = people or People()
 
     def identify(self, token: str) -> str | None:
-        """The approver whose token this is; every digest is compared, in constant time."""
+        """The approver whose live token this is; every digest is compared, in constant
+        time; a token past its `token_expires` is nobody's."""
         digest = hash_token(token)
         found = None
         for name, known in self.approvers.items():
             if hmac.compare_digest(digest, known):
                 found = name
+        if found is not None and not self.people.token_live(found, self.sessions.clock.now()):
+            return None
         return found
 
     def identity(self, request: Request) -> Identity | None:
@@ -184,8 +201,13 @@ class Gate:
             return Identity(name, "api") if name else None
         sid = request.cookies.get(SESSION_COOKIE)
         session = self.sessions.get(sid) if sid else None
-        if session is None or session.approver not in self.approvers:
+        if session is None:
             return None
+        if session.proof is None and (
+            session.approver not in self.approvers
+            or not self.people.token_live(session.approver, self.sessions.clock.now())
+        ):
+            return None  # a token session ends when its token is revoked or expires
         return Identity(session.approver, "web", session)
 
 

@@ -18,7 +18,8 @@ from broker.approval.card import Narrowing, extend
 from broker.approval.decisions import Ballot, Tally
 from broker.clock import now, parse_iso
 from broker.config import Config
-from broker.errors import DecisionError, RequestNotFound
+from broker.errors import DecisionError, NotAnApprover, RequestNotFound, StepUpRequired
+from broker.identity import Proof
 from broker.models import Record
 from broker.observability.stats import summarize
 from broker.policy.ruleset import batch_allowed
@@ -47,10 +48,11 @@ STATES: tuple[str, ...] = get_args(State)
 class Refused(DecisionError):
     """A decision the ledger would not take; `code` says why (stale, not_pending, …)."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, step_up_s: float | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.step_up_s = step_up_s  # step_up_required: how recent a sign-in must be
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,10 @@ class Inbox:
                 return approval.decide_and_wake(self.config, ledger, ballot)
             except RequestNotFound:
                 raise
+            except StepUpRequired as exc:
+                raise Refused("step_up_required", str(exc), exc.max_age_s) from exc
+            except NotAnApprover as exc:
+                raise Refused("not_an_approver", str(exc)) from exc
             except DecisionError as exc:
                 raise Refused(_why(ledger, ballot), str(exc)) from exc
 
@@ -218,6 +224,7 @@ class Inbox:
         approver: str,
         reason: str | None,
         surface: str,
+        proof: Proof | None = None,
     ) -> list[Picked]:
         """One decision per picked request, each bound to its own sha256 and recorded on
         its own; a request whose rule says `batch = false` is refused, never decided."""
@@ -229,7 +236,7 @@ class Inbox:
                 outcomes.append(Picked(pick, False, code="duplicate", message="listed twice"))
                 continue
             seen.add(key)
-            ballot = Ballot(pick.ref, verdict, approver, reason, surface, pick.sha256)
+            ballot = Ballot(pick.ref, verdict, approver, reason, surface, pick.sha256, proof)
             outcomes.append(self._decide_one(pick, ballot))
         return outcomes
 

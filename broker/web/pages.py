@@ -80,10 +80,20 @@ def safe_next(target: str | None) -> str:
 class Pages:
     """Renders pages with what every page shows: who is signed in, what waits."""
 
-    def __init__(self, inbox: Inbox, gate: Gate, *, secure_cookie: bool) -> None:
+    def __init__(
+        self,
+        inbox: Inbox,
+        gate: Gate,
+        *,
+        secure_cookie: bool,
+        oidc: bool = False,
+        inbox_url: str | None = None,
+    ) -> None:
         self.inbox = inbox
         self.gate = gate
         self.secure_cookie = secure_cookie
+        self.oidc = oidc  # [web.oidc]: the sign-in page offers the identity provider
+        self.inbox_url = inbox_url
         self.env = environment()
 
     def html(
@@ -151,9 +161,10 @@ PagesDep = Annotated[Pages, Depends(the_pages)]
 router = APIRouter(include_in_schema=False)
 
 
-def _login_page(
+def login_page(
     pages: Pages, request: Request, target: str, problem: str | None, status: int
 ) -> Response:
+    """The sign-in page (the token form, and the identity provider's button)."""
     nonce = request.cookies.get(LOGIN_COOKIE) or secrets.token_urlsafe(32)
     response = pages.html(
         "login.html",
@@ -163,7 +174,8 @@ def _login_page(
         nonce=nonce,
         next=safe_next(target),
         problem=problem,
-        nobody=not pages.gate.approvers,
+        nobody=not pages.gate.approvers and not pages.oidc,
+        oidc=pages.oidc,
     )
     pages.cookie(response, LOGIN_COOKIE, nonce, 3600)
     return response
@@ -173,7 +185,7 @@ def _login_page(
 def login_form(request: Request, pages: PagesDep, next: str = "/") -> Response:
     if pages.signed_in(request):
         return RedirectResponse(safe_next(next), status_code=303)
-    return _login_page(pages, request, next, None, 200)
+    return login_page(pages, request, next, None, 200)
 
 
 @router.post("/login")
@@ -185,10 +197,10 @@ def login(
     next: FormText = "/",
 ) -> Response:
     if not same_secret(request.cookies.get(LOGIN_COOKIE) or "", csrf):
-        return _login_page(pages, request, next, "This sign-in form expired; sign in again.", 403)
+        return login_page(pages, request, next, "This sign-in form expired; sign in again.", 403)
     name = pages.gate.identify(token.strip()) if token.strip() else None
     if name is None:
-        return _login_page(pages, request, next, "That is not an approver's token.", 401)
+        return login_page(pages, request, next, "That is not an approver's token.", 401)
     sid, _ = pages.gate.sessions.open(name)
     response = RedirectResponse(safe_next(next), status_code=303)
     pages.cookie(response, SESSION_COOKIE, sid, int(pages.gate.sessions.ttl_s))

@@ -20,6 +20,7 @@ from broker.web.auth import Identity, same_secret
 from broker.web.inbox import Inbox, Pick, Refused
 from broker.web.pages import FormText, Pages, PagesDep
 from broker.web.shapes import MAX_BATCH
+from broker.web.signin import step_up_url
 from broker.web.undo import undoable
 
 DONE = {
@@ -117,7 +118,7 @@ def batch(
     if problem is not None:
         return _inbox_page(pages, request, who, Narrowing(), 422, problem=problem)
     done = pages.inbox.decide_many(
-        picks, verdict, approver=who.approver, reason=said, surface="web"
+        picks, verdict, approver=who.approver, reason=said, surface="web", proof=who.proof
     )
     recorded = sum(1 for p in done if p.recorded)
     outcome = {
@@ -224,13 +225,16 @@ def decide(
     if problem is not None:
         return _request_page(pages, request, who, sandbox, request_id, None, problem, 422)
     try:
-        ballot = Ballot(
-            f"{sandbox}/{request_id}", verdict, who.approver, said, "web", request_sha256
-        )
+        ref = f"{sandbox}/{request_id}"
+        ballot = Ballot(ref, verdict, who.approver, said, "web", request_sha256, who.proof)
         pages.inbox.decide(ballot)
     except RequestNotFound as exc:
         return pages.error(request, 404, "No such request", str(exc))
     except Refused as exc:
+        if exc.step_up_s is not None and request.app.state.sign_in is not None:
+            # back through the provider for a fresh sign-in; then decide again
+            again = step_up_url(render.request_url(sandbox, request_id), exc.step_up_s)
+            return RedirectResponse(again, status_code=303)
         return _request_page(pages, request, who, sandbox, request_id, None, exc.message, 409)
     if proposing:
         from broker.web.replay import propose_for

@@ -732,3 +732,23 @@ def test_bad_slack_config_names_the_key(
     with pytest.raises(ConfigError) as info:
         slack_settings(config)
     assert where in str(info.value)
+
+
+def test_a_group_routed_request_is_posted_to_its_channel(slack: FakeSlack, tmp_path: Path) -> None:
+    """A rule's notify = "platform" posts to [notify.groups.platform]'s channel; other
+    requests to [notify.slack]'s."""
+    from broker.approval.notify import Notifier, Route
+
+    clock = FakeClock()
+    chat = SlackNotifier(settings_for(slack, tmp_path), clock=clock, backoff=0.01)
+    notifier = Notifier([], slack=chat, groups={"platform": Route((), "C0PLATFORM")})
+    try:
+        notifier.pending(waiting_card("routed", 3600, clock), "platform")
+        notifier.pending(waiting_card("plain", 3600, clock))
+        posts = slack.wait("chat.postMessage", 2)
+    finally:
+        notifier.close()
+    channel = {
+        ref: p["body"]["channel"] for p in posts for ref in ("routed", "plain") if ref in str(p)
+    }
+    assert channel == {"routed": "C0PLATFORM", "plain": CHANNEL}
