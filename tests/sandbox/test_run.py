@@ -54,6 +54,7 @@ def run(config: Path, name: str, script: str, **kw: object) -> subprocess.Comple
 # the Docker engine, and a container name is the engine's, not the test's.
 INT = f"int-{uuid.uuid4().hex[:8]}"
 DET = f"det-{uuid.uuid4().hex[:8]}"
+TTY = f"tty-{uuid.uuid4().hex[:8]}"
 
 
 def containers(engine: docker.DockerClient, name: str) -> list[object]:
@@ -176,7 +177,7 @@ def test_terminal_prompt_approves_a_gated_request(host: Path, engine: docker.Doc
     )
     child = pexpect.spawn(
         BROKER,
-        ["run", "--config", str(host), "--name", "tty1", "--", "python3", "-c", agent],
+        ["run", "--config", str(host), "--name", TTY, "--", "python3", "-c", agent],
         encoding="utf-8",
         timeout=90,
         dimensions=(50, 160),
@@ -192,7 +193,7 @@ def test_terminal_prompt_approves_a_gated_request(host: Path, engine: docker.Doc
     child.close()
     assert child.exitstatus == 0
     assert (host.parent / "exports" / "g.txt").read_text() == "two"
-    assert containers(engine, "tty1") == []
+    assert containers(engine, TTY) == []
 
 
 @contextmanager
