@@ -10,8 +10,9 @@ import io
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Annotated
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from broker.clock import parse_iso
@@ -86,23 +87,36 @@ def rows(inbox: Inbox, filters: Filters, q: str, when: Range, limit: int) -> lis
     return sorted(kept, key=shown_at, reverse=True)[:limit]
 
 
+@dataclass(frozen=True)
+class Query:
+    """What the history page and its export are narrowed by (query parameters)."""
+
+    effect: str = ""
+    sandbox: str = ""
+    outcome: str = ""
+    q: str = ""
+    since: str = ""
+    until: str = ""
+
+    @property
+    def filters(self) -> Filters:
+        return Filters(self.effect or None, self.sandbox or None, self.outcome or None)
+
+    def rows(self, inbox: Inbox, limit: int) -> list[Record]:
+        return rows(inbox, self.filters, self.q, Range.parse(self.since, self.until), limit)
+
+
+QueryDep = Annotated[Query, Depends()]
+
+
 @router.get("/history")
-def history(
-    request: Request,
-    pages: PagesDep,
-    effect: str = "",
-    sandbox: str = "",
-    outcome: str = "",
-    q: str = "",
-    since: str = "",
-    until: str = "",
-) -> Response:
+def history(request: Request, pages: PagesDep, query: QueryDep) -> Response:
     who = pages.signed_in(request)
     if who is None:
         return pages.to_login(request)
-    filters = Filters(effect or None, sandbox or None, outcome or None)
     cursor = pages.inbox.cursor()  # before the records: the page is at least this new
-    records = rows(pages.inbox, filters, q, Range.parse(since, until), SHOWN)
+    records = query.rows(pages.inbox, SHOWN)
+    filters = query.filters
     return pages.html(
         "history.html",
         request,
@@ -110,7 +124,7 @@ def history(
         cursor=cursor,
         records=records,
         filters=filters,
-        search={"q": q, "since": since, "until": until},
+        search={"q": query.q, "since": query.since, "until": query.until},
         export=request.url.query,
         effects=pages.inbox.effects(),
         outcomes=DECIDED,
@@ -120,21 +134,11 @@ def history(
 
 
 @router.get("/history.csv")
-def history_csv(
-    request: Request,
-    pages: PagesDep,
-    effect: str = "",
-    sandbox: str = "",
-    outcome: str = "",
-    q: str = "",
-    since: str = "",
-    until: str = "",
-) -> Response:
+def history_csv(request: Request, pages: PagesDep, query: QueryDep) -> Response:
     who = pages.signed_in(request)
     if who is None:
         return pages.to_login(request)
-    filters = Filters(effect or None, sandbox or None, outcome or None)
-    found = rows(pages.inbox, filters, q, Range.parse(since, until), EXPORTED)
+    found = query.rows(pages.inbox, EXPORTED)
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(COLUMNS)
