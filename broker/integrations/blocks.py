@@ -107,11 +107,14 @@ for _ in range(100):
             pass
     if not targets:
         break
-    for pid in targets:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    # stop them all before killing any: a shell whose child died first would otherwise
+    # run the block's next line ("after") before its own SIGKILL lands
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in targets:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
     REAL.sleep(0.01)
 """
 
