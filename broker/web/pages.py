@@ -135,6 +135,18 @@ class Pages:
         who = self.gate.identity(request)
         return who if who is not None and who.session is not None else None
 
+    def form_poster(
+        self, request: Request, csrf: str, title: str, expired: str
+    ) -> Identity | Response:
+        """The signed-in person behind a form post carrying their own CSRF token; else the
+        answer to give instead: to sign in, or a 403 page saying `title` and `expired`."""
+        who = self.signed_in(request)
+        if who is None or who.session is None:
+            return self.to_login(request)
+        if not same_secret(who.session.csrf, csrf):
+            return self.error(request, 403, title, expired)
+        return who
+
     def to_login(self, request: Request) -> RedirectResponse:
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         return RedirectResponse(f"/login?next={quote(target, safe='')}", status_code=303)

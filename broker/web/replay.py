@@ -18,7 +18,6 @@ from broker.clock import now, parse_duration
 from broker.errors import BrokerError
 from broker.review.replay import MAX_POLICY_TEXT, policy_from_text, replay, replay_controls
 from broker.web.api import GUARDED, ApiError, InboxDep, Who, _responses
-from broker.web.auth import same_secret
 from broker.web.inbox import Inbox
 from broker.web.pages import FormText, PagesDep
 
@@ -106,11 +105,11 @@ async def replay_page(
 ) -> Response:
     from starlette.concurrency import run_in_threadpool
 
-    who = pages.signed_in(request)
-    if who is None or who.session is None:
-        return pages.to_login(request)
-    if not same_secret(who.session.csrf, csrf):
-        return pages.error(request, 403, "Not replayed", "The form expired; reload and try again.")
+    who = pages.form_poster(
+        request, csrf, "Not replayed", "The form expired; reload and try again."
+    )
+    if isinstance(who, Response):
+        return who
     text = policy
     if upload is not None and upload.filename:
         raw = await upload.read(MAX_POLICY_TEXT + 1)

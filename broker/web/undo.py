@@ -15,7 +15,6 @@ from broker.audit.log import flush
 from broker.errors import BrokerError
 from broker.lifecycle import undo as undoing
 from broker.web import html as render
-from broker.web.auth import same_secret
 from broker.web.inbox import Inbox
 from broker.web.pages import FormText, PagesDep
 
@@ -45,11 +44,9 @@ def undo(
     request_sha256: FormText = "",
     csrf: FormText = "",
 ) -> Response:
-    who = pages.signed_in(request)
-    if who is None or who.session is None:
-        return pages.to_login(request)
-    if not same_secret(who.session.csrf, csrf):
-        return pages.error(request, 403, "Not undone", "The form expired; reload and try again.")
+    who = pages.form_poster(request, csrf, "Not undone", "The form expired; reload and try again.")
+    if isinstance(who, Response):
+        return who
     if confirm != "yes" or not reason.strip():
         return pages.error(
             request, 422, "Not undone", "Give a reason and tick the confirmation to undo it."

@@ -16,7 +16,7 @@ from broker.approval.card import Narrowing, output_text
 from broker.approval.decisions import Ballot
 from broker.errors import RequestNotFound
 from broker.web import html as render
-from broker.web.auth import Identity, same_secret
+from broker.web.auth import Identity
 from broker.web.inbox import Inbox, Pick, Refused
 from broker.web.pages import FormText, Pages, PagesDep
 from broker.web.shapes import MAX_BATCH
@@ -95,13 +95,11 @@ def batch(
     csrf: FormText = "",
 ) -> Response:
     """One verdict over the selected requests: each its own decision on its own sha256."""
-    who = pages.signed_in(request)
-    if who is None or who.session is None:
-        return pages.to_login(request)
-    if not same_secret(who.session.csrf, csrf):
-        return pages.error(
-            request, 403, "Not recorded", "The form expired (CSRF check); reload and decide again."
-        )
+    who = pages.form_poster(
+        request, csrf, "Not recorded", "The form expired (CSRF check); reload and decide again."
+    )
+    if isinstance(who, Response):
+        return who
     said = reason.strip() or None
     picks = [Pick(*m.groups()) for m in (PICK.fullmatch(p) for p in pick) if m]
     problem = None
@@ -205,13 +203,11 @@ def decide(
     request_sha256: FormText = "",
     csrf: FormText = "",
 ) -> Response:
-    who = pages.signed_in(request)
-    if who is None or who.session is None:
-        return pages.to_login(request)
-    if not same_secret(who.session.csrf, csrf):
-        return pages.error(
-            request, 403, "Not recorded", "The form expired (CSRF check); reload and decide again."
-        )
+    who = pages.form_poster(
+        request, csrf, "Not recorded", "The form expired (CSRF check); reload and decide again."
+    )
+    if isinstance(who, Response):
+        return who
     said = reason.strip() or None
     problem = None
     proposing = verdict == "approve-propose"  # and draft a rule (broker.web.replay)
