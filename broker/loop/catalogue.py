@@ -21,6 +21,8 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+from broker.config import Config
+from broker.intake.outbox import Served
 from broker.policy.ruleset import Policy, Rule, default_verdict
 from broker.registry import Registry
 from effects.base import EffectHandler
@@ -140,6 +142,21 @@ def _keep(cache: Path, kept: dict[str, Any]) -> None:
         os.replace(tmp, cache)
     except OSError as exc:  # a cache: the next start builds it again
         log.debug("cannot keep the effect facts in %s: %s", cache, exc)
+
+
+def served(
+    config: Config, registry: Registry, policy: Policy, host: str | None
+) -> tuple[bytes, Served]:
+    """The catalogue, and the outboxes it is published into (with a shared store, each
+    named HOST.SANDBOX). What the handlers declare is kept (`facts_cache`), so a start
+    imports only the handlers it uses."""
+    document = render(registry, policy, facts_cache(), config.integrations)
+    boxes = Served(
+        config.state_dir / "control",
+        lambda box: publish(box.results_fd, document, box.sandbox),
+        host=host,
+    )
+    return document, boxes
 
 
 def publish(results_fd: int, data: bytes, sandbox: str = "?") -> bool:

@@ -24,10 +24,8 @@ from broker.clock import REAL, Clock
 from broker.config import Config
 from broker.errors import LeaseLost, LedgerError, StoreUnavailable
 from broker.events import (
-    Applied,
     Assessed,
     Control,
-    DirsChanged,
     Event,
     FileSeen,
     Reload,
@@ -36,7 +34,7 @@ from broker.events import (
 )
 from broker.faults import fault
 from broker.intake import claims as intake
-from broker.intake.outbox import Outbox, Served
+from broker.intake.outbox import Outbox
 from broker.lifecycle.admission import Admission
 from broker.lifecycle.apply import Workers
 from broker.lifecycle.assessing import Assessments
@@ -51,7 +49,7 @@ from broker.loop.fairness import Backlog
 from broker.loop.handover import Handover, has_requests
 from broker.loop.outage import Kept, Outage
 from broker.loop.ownership import ControlServer, StateLock
-from broker.loop.wakeup import Stages
+from broker.loop.wakeup import Sorted, Stages
 from broker.masking import Redactor, mask_logs
 from broker.policy.ruleset import Policy
 from broker.registry import Registry
@@ -93,7 +91,8 @@ class Broker:
         self.audit = self.ledger.audit_sink(
             audit_log(config), checkpoints_for(config, clock), clock
         )
-        self.catalogue, self.served = self._published(config, registry, policy)
+        # what the handlers declare, published into every outbox served
+        self.catalogue, self.served = catalogue.served(config, registry, policy, self.ledger.host)
         self.answers = Answers(self.served)
         self.events: queue.Queue[Event] = queue.Queue()
         self.backlog = Backlog()
@@ -102,48 +101,43 @@ class Broker:
         )
         self.deadlines = Deadlines(clock)
         self.consumed = intake.Consumed(clock)
-        self.after = AfterCommit(
-            config=config,
-            registry=registry,
+        self.after = self._after_commit(workers)
+        self.stages = Stages(
+            self.ledger, self.lifecycle, self.claims, self.admission, self.after.apply
+        )
+        self.on_change = self.answers.observers
+        self.on_rescan: list[Callable[[str], None]] = []  # "rescan", "restart": for metrics
+        self._owning()
+        clock.on_advance(self.wake)  # time moved on: look at the deadlines now
+
+    def _after_commit(self, workers: int) -> AfterCommit:
+        """What follows each commit: files removed, results written, audit appended,
+        applies handed to `workers` threads."""
+        return AfterCommit(
+            config=self.config,
+            registry=self.registry,
             ledger=self.ledger,
             answers=self.answers,
             audit=self.audit,
             started=self.started,
             deadlines=self.deadlines,
             consumed=self.consumed,
-            workers=Workers(threads=workers, clock=clock),
+            workers=Workers(threads=workers, clock=self.clock),
             assessments=self.assessments,
             events=self.events,
         )
-        self.stages = Stages(
-            self.ledger, self.lifecycle, self.claims, self.admission, self.after.apply
-        )
-        self.on_change = self.answers.observers
-        self.on_rescan: list[Callable[[str], None]] = []  # "rescan", "restart": for metrics
+
+    def _owning(self) -> None:
+        """The state lock (with a shared store, also this host's lease in it), the
+        outage tracker and the hand-over to a later broker."""
         self.notifier: Notifier | None = None
         self.command = "broker serve"  # what the state lock says owns the state dir
-        # with a shared store, also this host's lease in it
-        self.lock = StateLock(config.state_dir, self.ledger.lease(str(config.state_dir)))
-        self.outage = Outage(clock.monotonic)
+        self.lock = StateLock(self.config.state_dir, self.ledger.lease(str(self.config.state_dir)))
+        self.outage = Outage(self.clock.monotonic)
         self._listener: Listener | None = None
-        self.handover = Handover(self.served, config.sandboxes_dir)
+        self.handover = Handover(self.served, self.config.sandboxes_dir)
         self.on_change.append(self.handover.tell)
         self._control_server: ControlServer | None = None
-        clock.on_advance(self.wake)  # time moved on: look at the deadlines now
-
-    def _published(
-        self, config: Config, registry: Registry, policy: Policy
-    ) -> tuple[bytes, Served]:
-        """The effect catalogue, and the outboxes it is published into: what the handlers
-        declare is kept (catalogue.facts_cache), so a start imports only the handlers it
-        uses."""
-        document = catalogue.render(registry, policy, catalogue.facts_cache(), config.integrations)
-        served = Served(
-            config.state_dir / "control",
-            lambda box: catalogue.publish(box.results_fd, document, box.sandbox),
-            host=self.ledger.host,  # with a shared store: HOST.SANDBOX
-        )
-        return document, served
 
     @property
     def outboxes(self) -> dict[str, Outbox]:
@@ -340,30 +334,14 @@ class Broker:
     def _sort(self, items: Iterable[Event]) -> tuple[Kept, dict[tuple[str, str], Outbox], bool]:
         """A wake-up's events: the work for its transaction, the files to claim, and
         whether to reload what others changed."""
-        work = Kept()
-        files: dict[tuple[str, str], Outbox] = {}
-        reload = False
-        for item in items:
-            if isinstance(item, FileSeen):
-                box = self.served.by_dir.get(item.folder)
-                if box is not None:
-                    files.setdefault((box.sandbox, item.name), box)
-            elif isinstance(item, Applied):
-                work.done.append(item)
-            elif isinstance(item, Assessed):
-                if self.assessments.accept(item):
-                    work.assessed.append(item)  # else: given up on at its deadline
-            elif isinstance(item, DirsChanged):
-                self._discover()
-                reload = True
-            elif isinstance(item, Rescan):
-                self.rescan()
-                reload = True
-            elif isinstance(item, Reload):
-                reload = True
-            elif isinstance(item, Control):
-                self._control(item)
-        return work, files, reload
+        told = Sorted.of(items, self.served.by_dir, self.assessments.accept)
+        if told.discover:
+            self._discover()
+        if told.rescan:
+            self.rescan()
+        for item in told.controls:
+            self._control(item)
+        return told.work, told.files, told.reload
 
     def _overdue(self) -> list[Event]:
         """Held requests whose work off the loop ran out of time (while the store answers)."""

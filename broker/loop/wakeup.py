@@ -9,9 +9,19 @@ in a savepoint, rolled back alone, and the request waits for the next start.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 
-from broker.events import Applied, Assessed
+from broker.events import (
+    Applied,
+    Assessed,
+    Control,
+    DirsChanged,
+    Event,
+    FileSeen,
+    Reload,
+    Rescan,
+)
 from broker.faults import fault
 from broker.intake.claims import Claims
 from broker.intake.outbox import Outbox
@@ -25,6 +35,49 @@ from broker.models import Record
 from broker.store.base import Store
 
 log = logging.getLogger("broker")
+
+
+@dataclass
+class Sorted:
+    """One wake-up's events by what they ask of the loop: the work for its transaction,
+    the files to claim, and whether to reload, discover, rescan or obey a control."""
+
+    work: Kept = field(default_factory=Kept)
+    files: dict[tuple[str, str], Outbox] = field(default_factory=dict)
+    reload: bool = False
+    discover: bool = False
+    rescan: bool = False
+    controls: list[Control] = field(default_factory=list)
+
+    @classmethod
+    def of(
+        cls,
+        items: Iterable[Event],
+        by_dir: Mapping[str, Outbox],
+        accept: Callable[[Assessed], bool],
+    ) -> Sorted:
+        """`accept` says whether an assessment is still wanted (else it was given up on
+        at its deadline)."""
+        told = cls()
+        for item in items:
+            if isinstance(item, FileSeen):
+                box = by_dir.get(item.folder)
+                if box is not None:
+                    told.files.setdefault((box.sandbox, item.name), box)
+            elif isinstance(item, Applied):
+                told.work.done.append(item)
+            elif isinstance(item, Assessed):
+                if accept(item):
+                    told.work.assessed.append(item)
+            elif isinstance(item, DirsChanged):
+                told.discover = told.reload = True
+            elif isinstance(item, Rescan):
+                told.rescan = told.reload = True
+            elif isinstance(item, Reload):
+                told.reload = True
+            elif isinstance(item, Control):
+                told.controls.append(item)
+        return told
 
 
 class Stages:
