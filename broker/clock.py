@@ -3,8 +3,9 @@ write them.
 
 Every part of the broker that decides something by time (a deadline, an expiry, a
 rate window, a retry, a lease's renewal, how long a job may run) reads the `Clock` it
-was given, never the `time` module: a test gives it `broker.testing.FakeClock` and moves
-time on with `advance` instead of waiting for it. `REAL` is the default everywhere.
+was given, never the `time` module: a test gives it `FakeClock` (also exported by
+`broker.testing`) and moves time on with `advance` instead of waiting for it. `REAL` is
+the default everywhere.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -106,3 +107,74 @@ def _duration(value: Any) -> float:
     if pos != len(text) or total <= 0:
         raise ValueError(f"expected a duration like '30s', '4h' or '1h30m', got {value!r}")
     return total
+
+
+class FakeClock(Clock):
+    """Time that moves only when the test says so, for a Broker (`clock=`) and anything
+    else that takes a `broker.clock.Clock`.
+
+    `advance(seconds)` moves the monotonic and the wall clock together and wakes what
+    waits on it (a broker's loop, `sleep`, `wait`); `step_wall(delta)` moves the wall
+    clock alone, as NTP or a person setting the date does. `sleep` returns once the
+    test has advanced the clock that far: `sleepers` says how many threads are asleep,
+    so a test can wait until a retry is waiting before it moves time on.
+    """
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self._wall = start if start is not None else REAL.now()
+        self._mono = 1000.0  # not 0: nothing may take a monotonic 0 for "never"
+        self._moved = threading.Condition()
+        self._woken: list[Callable[[], None]] = []
+        self.sleepers = 0
+
+    def monotonic(self) -> float:
+        with self._moved:
+            return self._mono
+
+    def now(self) -> datetime:
+        with self._moved:
+            return self._wall
+
+    def time(self) -> float:
+        return self.now().timestamp()
+
+    def sleep(self, seconds: float) -> None:
+        with self._moved:
+            end = self._mono + max(0.0, seconds)
+            self.sleepers += 1
+            try:
+                while self._mono < end:
+                    self._moved.wait()
+            finally:
+                self.sleepers -= 1
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        with self._moved:
+            end = self._mono + max(0.0, seconds)
+        while not event.is_set():
+            with self._moved:
+                if self._mono >= end:
+                    return False
+                self._moved.wait(0.01)  # or sooner, when time moves
+        return True
+
+    def on_advance(self, wake: Callable[[], None]) -> None:
+        with self._moved:
+            self._woken.append(wake)
+
+    def advance(self, seconds: float) -> None:
+        """Move both clocks on by `seconds` and wake whatever waits on this clock."""
+        if seconds < 0:
+            raise ValueError("a monotonic clock never goes back; use step_wall")
+        with self._moved:
+            self._mono += seconds
+            self._wall += timedelta(seconds=seconds)
+            self._moved.notify_all()
+            woken = list(self._woken)
+        for wake in woken:
+            wake()
+
+    def step_wall(self, delta: timedelta) -> None:
+        """Move the wall clock alone (either way); the monotonic clock stays."""
+        with self._moved:
+            self._wall += delta

@@ -35,11 +35,10 @@ import os
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from broker.clock import REAL, Clock
+from broker.clock import REAL, Clock, FakeClock
 from broker.config import Config, Limits
 from broker.context import Memo, context_for
 from broker.errors import EffectFailed
@@ -51,6 +50,8 @@ from broker.registry import Registry
 from broker.staged import Staged
 from broker.typing import JSON, Params
 from effects.base import Context
+
+__all__ = ["BrokerHarness", "FakeClock", "FakeHandler", "make_context"]
 
 
 def make_context(
@@ -185,77 +186,6 @@ class FakeHandler:
         return {"recorded": len(self.applied), "value": params.get("value")}
 
 
-class FakeClock(Clock):
-    """Time that moves only when the test says so, for a Broker (`clock=`) and anything
-    else that takes a `broker.clock.Clock`.
-
-    `advance(seconds)` moves the monotonic and the wall clock together and wakes what
-    waits on it (a broker's loop, `sleep`, `wait`); `step_wall(delta)` moves the wall
-    clock alone, as NTP or a person setting the date does. `sleep` returns once the
-    test has advanced the clock that far: `sleepers` says how many threads are asleep,
-    so a test can wait until a retry is waiting before it moves time on.
-    """
-
-    def __init__(self, start: datetime | None = None) -> None:
-        self._wall = start if start is not None else REAL.now()
-        self._mono = 1000.0  # not 0: nothing may take a monotonic 0 for "never"
-        self._moved = threading.Condition()
-        self._woken: list[Callable[[], None]] = []
-        self.sleepers = 0
-
-    def monotonic(self) -> float:
-        with self._moved:
-            return self._mono
-
-    def now(self) -> datetime:
-        with self._moved:
-            return self._wall
-
-    def time(self) -> float:
-        return self.now().timestamp()
-
-    def sleep(self, seconds: float) -> None:
-        with self._moved:
-            end = self._mono + max(0.0, seconds)
-            self.sleepers += 1
-            try:
-                while self._mono < end:
-                    self._moved.wait()
-            finally:
-                self.sleepers -= 1
-
-    def wait(self, event: threading.Event, seconds: float) -> bool:
-        with self._moved:
-            end = self._mono + max(0.0, seconds)
-        while not event.is_set():
-            with self._moved:
-                if self._mono >= end:
-                    return False
-                self._moved.wait(0.01)  # or sooner, when time moves
-        return True
-
-    def on_advance(self, wake: Callable[[], None]) -> None:
-        with self._moved:
-            self._woken.append(wake)
-
-    def advance(self, seconds: float) -> None:
-        """Move both clocks on by `seconds` and wake whatever waits on this clock."""
-        if seconds < 0:
-            raise ValueError("a monotonic clock never goes back; use step_wall")
-        with self._moved:
-            self._mono += seconds
-            self._wall += timedelta(seconds=seconds)
-            self._moved.notify_all()
-            woken = list(self._woken)
-        for wake in woken:
-            wake()
-
-    def step_wall(self, delta: timedelta) -> None:
-        """Move the wall clock alone (either way); the monotonic clock stays."""
-        with self._moved:
-            self._wall += delta
-
-
 class BrokerHarness:
     """A real Broker serving one attach-mode outbox in a thread, in a temp dir."""
 
@@ -293,23 +223,7 @@ class BrokerHarness:
             staged=staged if isinstance(staged, Staged) else Staged.parse(staged),
         )
         self.registry.check_config(self.config.integrations)
-        if isinstance(policy, Policy):
-            self.policy = policy
-        elif isinstance(policy, str):
-            import tomllib
-
-            self.policy = parse_policy(
-                tomllib.loads(policy),
-                self.registry.reversibility(),
-                "test",
-                self.registry.schemas(),
-            )
-        elif policy is not None:
-            self.policy = parse_policy(
-                policy, self.registry.reversibility(), "test", self.registry.schemas()
-            )
-        else:
-            self.policy = Policy()
+        self.policy = _policy(policy, self.registry)
         self.sandbox = sandbox
         self.prepare = prepare  # called with each new Broker before it serves (observers)
         self.broker: Broker | None = None
@@ -410,3 +324,16 @@ class BrokerHarness:
         raise TimeoutError(
             f"no {'terminal ' if terminal else ''}result for {request_id} within {timeout}s"
         )
+
+
+def _policy(policy: str | Mapping[str, Any] | Policy | None, registry: Registry) -> Policy:
+    """The harness's policy: given whole, as TOML text or as its parsed table."""
+    if isinstance(policy, Policy):
+        return policy
+    if policy is None:
+        return Policy()
+    if isinstance(policy, str):
+        import tomllib
+
+        policy = tomllib.loads(policy)
+    return parse_policy(policy, registry.reversibility(), "test", registry.schemas())
