@@ -33,14 +33,14 @@ def executors(blocks: int, starts: int = 3) -> dict[str, Any]:
     from autogen_core.code_executor import CodeBlock
     from autogen_ext.code_executors.docker import DockerCommandLineCodeExecutor
 
-    from broker.hosting import sandbox
+    from broker.hosting import images, sandbox
     from broker.integrations.autogen import SandboxCodeExecutor
 
     base = Path(tempfile.mkdtemp(prefix="bench-agents-"))
     (base / "policy.toml").write_text(AUTO)
     config = base / "broker.toml"
     config.write_text('[broker]\nstate_dir = "state"\npolicy = "policy.toml"\n')
-    image = sandbox.ensure_image(sandbox.engine(), log=lambda text: None)
+    image = images.ensure_image(sandbox.engine(), log=lambda text: None)
 
     async def timed(make: Any) -> tuple[list[float], list[float]]:
         started = []

@@ -22,11 +22,11 @@ def image_build(
     force: Annotated[bool, typer.Option(help="rebuild even if it is current")] = False,
 ) -> None:
     """Build the agent image (from python:3.12-slim, or from Debian packages offline)."""
-    from broker.hosting import sandbox
+    from broker.hosting import images, sandbox
 
     def build() -> str:
-        return sandbox.ensure_image(
-            sandbox.engine(), tag or sandbox.DEFAULT_IMAGE, force=force, log=err.print
+        return images.ensure_image(
+            sandbox.engine(), tag or images.DEFAULT_IMAGE, force=force, log=err.print
         )
 
     out.print(f"image ready: {guarded(build)}")

@@ -18,7 +18,7 @@ from typing import Any
 
 from broker.approval.notify import Notifier
 from broker.config import Config
-from broker.hosting import sandbox
+from broker.hosting import images, sandbox
 from broker.hosting.serving import Serving
 from broker.models import Record
 from broker.policy.ruleset import Policy
@@ -67,9 +67,9 @@ def extra_env(config: Config) -> dict[str, str]:
 def run(config: Config, registry: Registry, policy: Policy, options: RunOptions) -> int:
     """Start the sandbox, serve it until it exits, drain, summarise; return its exit code."""
     client = sandbox.engine()
-    image = options.image or str(config.sandbox.get("image", sandbox.DEFAULT_IMAGE))
-    if image == sandbox.DEFAULT_IMAGE:
-        sandbox.ensure_image(client, image, log=options.say)
+    image = options.image or str(config.sandbox.get("image", images.DEFAULT_IMAGE))
+    if image == images.DEFAULT_IMAGE:
+        images.ensure_image(client, image, log=options.say)
     sandbox_id = new_sandbox_id(options.name)
     paths = sandbox.prepare_dirs(config.state_dir, sandbox_id)
 

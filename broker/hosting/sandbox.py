@@ -1,8 +1,8 @@
 """Docker sandboxes: where agents run, with no network, no credentials, no host state.
 
 A sandbox is one container started by :func:`start` from the agent image (built by
-:func:`ensure_image` from ``sandbox_images/``). It sees exactly two host directories
-made by :func:`prepare_dirs` under ``<state_dir>/sandboxes/<id>/``:
+:func:`broker.hosting.images.ensure_image` from ``sandbox_images/``). It sees exactly
+two host directories made by :func:`prepare_dirs` under ``<state_dir>/sandboxes/<id>/``:
 
     outbox/   -> /outbox   read-write; owned by SANDBOX_UID, mode 0700
     results/  -> /results  read-only;  owned by the broker, mode 0755
@@ -16,11 +16,9 @@ Docker's own exceptions stop here: what callers see is :class:`SandboxError`.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import socket
-import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,22 +27,16 @@ from typing import Any
 import docker
 import docker.errors
 from docker.models.containers import Container
-from docker.models.images import Image
 from docker.types import Mount
 
-from broker.clock import REAL
 from broker.errors import SandboxError
 
 __all__ = [
-    "DEFAULT_BASE",
-    "DEFAULT_IMAGE",
-    "FALLBACK_BASE",
     "LABEL",
     "SANDBOX_UID",
     "SandboxLimits",
     "SandboxPaths",
     "engine",
-    "ensure_image",
     "hardened",
     "leftovers",
     "prepare_dirs",
@@ -57,22 +49,6 @@ SANDBOX_UID = 10001
 
 LABEL = "io.sandbox-broker.hosting.sandbox"
 """Label key on every sandbox container; its value is the sandbox id."""
-
-IMAGE_LABEL = "io.sandbox-broker.image-digest"
-"""Label on the agent image: digest of the sources it was built from."""
-
-DEFAULT_IMAGE = "broker-sandbox:py"
-DEFAULT_BASE = "python:3.12-slim"
-FALLBACK_BASE = "broker-base:bookworm"
-_PACKAGED_IMAGES = Path(__file__).resolve().parents[1] / "_sandbox_images"
-IMAGES_DIR = (
-    _PACKAGED_IMAGES
-    if _PACKAGED_IMAGES.is_dir()
-    else Path(__file__).resolve().parents[2] / "sandbox_images"
-)
-"""The image sources: inside the wheel when installed, else the checkout's sandbox_images/."""
-PULL_TIMEOUT = 15
-"""Seconds a base-image pull may stay silent before the Debian fallback is built."""
 
 _SANDBOX_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 _PROTOCOL_ENV = ("OUTBOX_DIR", "RESULTS_DIR", "SANDBOX_ID")
@@ -203,44 +179,6 @@ def hardened(
     }
 
 
-def ensure_image(
-    client: docker.DockerClient,
-    tag: str = DEFAULT_IMAGE,
-    *,
-    base: str | None = None,
-    force: bool = False,
-    log: Log = print,
-) -> str:
-    """Make sure the agent image ``tag`` exists and matches ``sandbox_images/``; return the tag.
-
-    An image built from the same sources is reused unless ``force``. The base is
-    ``base`` when given; otherwise the first that works of: python:3.12-slim or
-    broker-base:bookworm already on the engine, python:3.12-slim pulled (giving up
-    after PULL_TIMEOUT silent seconds), broker-base:bookworm built from Debian
-    packages by ``sandbox_images/build-base.sh`` (root, about a minute).
-    """
-    digest = _sources_digest()
-    try:
-        previous: Image | None = client.images.get(tag)
-    except docker.errors.ImageNotFound:
-        previous = None
-    except docker.errors.DockerException as exc:
-        raise SandboxError(f"cannot inspect image {tag}: {exc}") from exc
-    if previous is not None and not force:
-        if previous.labels.get(IMAGE_LABEL) == digest:
-            return tag
-        log(f"image {tag} was built from other sources; rebuilding it")
-
-    chosen = _base_image(client, base, log)
-    log(f"building {tag} from {chosen}")
-    started = REAL.monotonic()
-    _build(client, tag, chosen, digest, force)
-    log(f"built {tag} in {REAL.monotonic() - started:.1f}s")
-    if previous is not None and previous.id is not None:
-        _remove_if_untagged(client, previous.id)
-    return tag
-
-
 def start(
     client: docker.DockerClient,
     paths: SandboxPaths,
@@ -296,28 +234,6 @@ def remove(container: Container) -> None:
         raise SandboxError(f"cannot remove container {container.short_id}: {exc}") from exc
 
 
-def _build(client: docker.DockerClient, tag: str, base: str, digest: str, force: bool) -> None:
-    try:
-        client.images.build(
-            path=str(IMAGES_DIR),
-            tag=tag,
-            buildargs={"BASE": base, "SANDBOX_UID": str(SANDBOX_UID)},
-            labels={IMAGE_LABEL: digest},
-            network_mode="none",
-            nocache=force,
-            rm=True,
-            forcerm=True,
-        )
-    except docker.errors.BuildError as exc:
-        tail = [
-            str(line.get("stream") or line.get("error") or "").strip() for line in exc.build_log
-        ]
-        detail = "; ".join(line for line in tail[-5:] if line)
-        raise SandboxError(f"building {tag} from {base} failed: {exc.msg} ({detail})") from exc
-    except docker.errors.DockerException as exc:
-        raise SandboxError(f"building {tag} from {base} failed: {exc}") from exc
-
-
 def leftovers(client: docker.DockerClient) -> list[Container]:
     """Every sandbox container on the engine, running or not (for cleanup after a crash)."""
     try:
@@ -325,79 +241,3 @@ def leftovers(client: docker.DockerClient) -> list[Container]:
     except docker.errors.DockerException as exc:
         raise SandboxError(f"cannot list sandbox containers: {exc}") from exc
     return found
-
-
-def _remove_if_untagged(client: docker.DockerClient, image_id: str) -> None:
-    """Drop the image a rebuild replaced, unless something still uses or names it."""
-    try:
-        if not client.images.get(image_id).tags:
-            client.images.remove(image_id)
-    except docker.errors.DockerException:
-        pass  # a container may still run on it; it is only disk space
-
-
-def _sources_digest() -> str:
-    """sha256 over what the Dockerfile copies, so a changed client means a new image."""
-    h = hashlib.sha256()
-    for rel in (
-        "Dockerfile",
-        *(f"client/outbox{m}.py" for m in ("", "_cli", "_mcp", "_mcp_tools")),
-    ):
-        h.update(rel.encode() + b"\0" + (IMAGES_DIR / rel).read_bytes() + b"\0")
-    return h.hexdigest()
-
-
-def _base_image(client: docker.DockerClient, base: str | None, log: Log) -> str:
-    """Return a base image present on the engine, pulling or building one if needed."""
-    if base is not None:
-        candidates = [base]
-    else:
-        candidates = [DEFAULT_BASE, FALLBACK_BASE]
-    for candidate in candidates:
-        if _has_image(client, candidate):
-            return candidate
-    wanted = candidates[0]
-    if wanted != FALLBACK_BASE:
-        failure = _pull(client, wanted)
-        if failure is None:
-            return wanted
-        if base is not None:
-            raise SandboxError(f"cannot pull base image {wanted}: {failure}")
-        log(f"cannot pull {wanted} ({failure}); building {FALLBACK_BASE} from Debian packages")
-    _build_fallback_base(log)
-    return FALLBACK_BASE
-
-
-def _has_image(client: docker.DockerClient, tag: str) -> bool:
-    try:
-        client.images.get(tag)
-    except docker.errors.ImageNotFound:
-        return False
-    except docker.errors.DockerException as exc:
-        raise SandboxError(f"cannot inspect image {tag}: {exc}") from exc
-    return True
-
-
-def _pull(client: docker.DockerClient, tag: str) -> str | None:
-    """Pull ``tag`` with a short read timeout; return why it failed, or None."""
-    saved = client.api.timeout
-    client.api.timeout = PULL_TIMEOUT
-    try:
-        client.images.pull(tag)
-    except (docker.errors.DockerException, OSError) as exc:  # OSError: timeouts, resets
-        text = str(getattr(exc, "explanation", None) or exc)
-        return text.splitlines()[0] if text else type(exc).__name__
-    finally:
-        client.api.timeout = saved
-    return None
-
-
-def _build_fallback_base(log: Log) -> None:
-    script = IMAGES_DIR / "build-base.sh"
-    log(f"running {script} (debootstrap; about a minute)")
-    done = subprocess.run(["bash", str(script), FALLBACK_BASE], check=False)
-    if done.returncode != 0:
-        raise SandboxError(
-            f"{script} failed (exit {done.returncode}); it needs root, debootstrap "
-            "and a reachable Debian mirror (see its messages above)"
-        )

@@ -38,7 +38,7 @@ from autogen_ext.code_executors._common import CommandLineCodeResult
 
 from broker.config import Config, load_config
 from broker.errors import SandboxError
-from broker.hosting import sandbox
+from broker.hosting import images, sandbox
 from broker.integrations import autogen_compat as compat
 from broker.integrations import embedded as hosting
 from broker.integrations.blocks import INTERPRETERS, Container, Run
@@ -213,9 +213,9 @@ class SandboxCodeExecutor(CodeExecutor, Component[compat.SandboxCodeExecutorConf
 
         cfg, paths = self.config, self._paths
         client = sandbox.engine()
-        image = self._image or str(cfg.sandbox.get("image", sandbox.DEFAULT_IMAGE))
-        if image == sandbox.DEFAULT_IMAGE:
-            sandbox.ensure_image(client, image, log=lambda text: None)
+        image = self._image or str(cfg.sandbox.get("image", images.DEFAULT_IMAGE))
+        if image == images.DEFAULT_IMAGE:
+            images.ensure_image(client, image, log=lambda text: None)
         compat.reap_orphans(client)
         return Container(
             client,

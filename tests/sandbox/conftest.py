@@ -18,7 +18,7 @@ import docker
 import pytest
 
 from broker.errors import SandboxError
-from broker.hosting import sandbox
+from broker.hosting import images, sandbox
 
 CLIENT = Path(__file__).resolve().parents[2] / "sandbox_images" / "client" / "outbox.py"
 
@@ -138,7 +138,7 @@ def engine() -> Iterator[docker.DockerClient]:
 @pytest.fixture(scope="session")
 def agent_image(engine: docker.DockerClient) -> str:
     """The agent image, built once per session (or reused when it is current)."""
-    return sandbox.ensure_image(engine)
+    return images.ensure_image(engine)
 
 
 @dataclass

@@ -14,7 +14,7 @@ import docker
 import pytest
 
 from broker.errors import SandboxError
-from broker.hosting import sandbox
+from broker.hosting import images, sandbox
 
 # Reports what the sandbox looks like from inside, as JSON on stdout.
 PROBE = r"""
@@ -281,7 +281,7 @@ def test_ensure_image_reuses_a_current_image(engine: docker.DockerClient, agent_
     said: list[str] = []
     started = time.monotonic()
 
-    assert sandbox.ensure_image(engine, agent_image, log=said.append) == agent_image
+    assert images.ensure_image(engine, agent_image, log=said.append) == agent_image
 
     assert said == []
     assert time.monotonic() - started < 5
