@@ -5,6 +5,7 @@ only at the end (files.delete, files.write) and UUID refs are never cut."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import uuid
 from pathlib import Path
@@ -303,14 +304,18 @@ def test_pending_narrows_watches_and_prints_the_version(h: BrokerHarness) -> Non
         encoding="utf-8",
         timeout=30,
         dimensions=(50, 200),
-        env=clean_env(h.base, {"COLUMNS": "200"}),
+        # a watch that outlives its Ctrl-C is made to say where it was (SIGABRT)
+        env=clean_env(h.base, {"COLUMNS": "200", "PYTHONFAULTHANDLER": "1"}),
     )
     try:
         child.expect_exact(write)
         later = waiting(h, "files.write")
         child.expect_exact(later)  # listed again once the ledger changed
         child.sendintr()
-        child.expect(pexpect.EOF)
+        if child.expect([pexpect.EOF, pexpect.TIMEOUT]) == 1:
+            child.kill(signal.SIGABRT)
+            child.expect(pexpect.EOF)
+            raise AssertionError(f"--watch went on after Ctrl-C; it was at:\n{child.before}")
     finally:
         child.close()
     assert child.exitstatus == 0 and "Traceback" not in str(child.before)

@@ -108,19 +108,29 @@ def _list_pending(
 
 def _watch(seen: int, again: Callable[[], None], ledger: Store) -> None:
     """List again after each committed change since mark `seen`, as `kubectl get -w`
-    does; Ctrl-C ends it."""
+    does; Ctrl-C ends it.
+
+    Ctrl-C sets a flag the loop reads between steps rather than raising
+    KeyboardInterrupt wherever the main thread happens to be: raised inside rich's
+    rendering or a generator being finalised, the exception can be swallowed and the
+    watch would go on.
+    """
+    import signal
+
     from broker.clock import REAL, iso
 
+    asked: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: asked.append(signum))
     try:
-        while True:
-            REAL.sleep(1.0)
+        while not asked:
+            REAL.sleep(1.0)  # a signal cuts it short (PEP 475 resumes it: at most 1 s)
             mark = ledger.change_mark()
-            if mark != seen:
+            if mark != seen and not asked:
                 seen = mark
                 out.print(f"\n[dim]-- {iso(REAL.now())} --[/]")
                 again()
-    except KeyboardInterrupt:
-        return
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 PENDING = (

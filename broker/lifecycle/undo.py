@@ -78,25 +78,7 @@ def execute(
     original = chosen.record
     stamp = iso(now())
     assert stamp is not None
-    envelope = {
-        "version": 1,
-        "id": _undo_id(original),
-        "effect": f"undo:{original.effect}",
-        "params": {"undo_of": f"{original.sandbox}/{original.id}", "output": original.output},
-    }
-    payload = canonical_json(envelope)
-    record = Record(
-        sandbox=HOST_SANDBOX,
-        id=_undo_id(original),
-        name=_undo_id(original),
-        state="applying",
-        received_at=stamp,
-        effect=f"undo:{original.effect}",
-        payload=payload.decode("utf-8"),
-        sha256=sha256_hex(payload),
-        decided_by=who,
-        decided_at=stamp,
-    )
+    record = _undo_record(original, who, stamp)
     with ledger.transaction():
         existing = ledger.get(HOST_SANDBOX, record.id)
         record = ledger.update(existing, **_fields(record)) if existing else ledger.insert(record)
@@ -130,6 +112,29 @@ def execute(
             )
         )
     return record
+
+
+def _undo_record(original: Record, who: str, stamp: str) -> Record:
+    """The host's request that reverts `original`: its own id, envelope and digest."""
+    envelope = {
+        "version": 1,
+        "id": _undo_id(original),
+        "effect": f"undo:{original.effect}",
+        "params": {"undo_of": f"{original.sandbox}/{original.id}", "output": original.output},
+    }
+    payload = canonical_json(envelope)
+    return Record(
+        sandbox=HOST_SANDBOX,
+        id=_undo_id(original),
+        name=_undo_id(original),
+        state="applying",
+        received_at=stamp,
+        effect=f"undo:{original.effect}",
+        payload=payload.decode("utf-8"),
+        sha256=sha256_hex(payload),
+        decided_by=who,
+        decided_at=stamp,
+    )
 
 
 def reconcile(ledger: Store, ref: str, applied: bool, who: str, reason: str | None) -> Record:

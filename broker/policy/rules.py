@@ -233,18 +233,7 @@ def parse_rule(
             kind=kind,
             unset=unset,
         )
-    approvals = raw.get("approvals", 1)
-    if not isinstance(approvals, int) or isinstance(approvals, bool) or approvals < 1:
-        raise PolicyError(f"{where}.approvals: must be a whole number ≥ 1")
-    try:
-        timeout_s = parse_duration(raw.get("timeout", DEFAULT_TIMEOUT_S))
-    except ValueError as exc:
-        raise PolicyError(f"{where}.timeout: {exc}") from exc
-    on_timeout = raw.get("on_timeout", "deny")
-    if on_timeout not in ("deny", "approve"):
-        raise PolicyError(f"{where}.on_timeout: must be 'deny' or 'approve'; got {on_timeout!r}")
-    if on_timeout == "approve":
-        _refuse_irreversible_auto_approve(where, effect, reversible)
+    approvals, timeout_s, on_timeout = _gate_terms(where, raw, effect, reversible)
     surfaces = _surfaces(where, raw, effect, reversible)
     return Rule(
         i,
@@ -264,6 +253,25 @@ def parse_rule(
         step_up=parse_step_up(f"{where}.step_up", raw.get("step_up")),
         notify=parse_notify(f"{where}.notify", raw.get("notify")),
     )
+
+
+def _gate_terms(
+    where: str, raw: Mapping[str, Any], effect: str, reversible: Reversibility
+) -> tuple[int, float, str]:
+    """An approve rule's quorum, deadline and what its deadline does."""
+    approvals = raw.get("approvals", 1)
+    if not isinstance(approvals, int) or isinstance(approvals, bool) or approvals < 1:
+        raise PolicyError(f"{where}.approvals: must be a whole number ≥ 1")
+    try:
+        timeout_s = parse_duration(raw.get("timeout", DEFAULT_TIMEOUT_S))
+    except ValueError as exc:
+        raise PolicyError(f"{where}.timeout: {exc}") from exc
+    on_timeout = raw.get("on_timeout", "deny")
+    if on_timeout not in ("deny", "approve"):
+        raise PolicyError(f"{where}.on_timeout: must be 'deny' or 'approve'; got {on_timeout!r}")
+    if on_timeout == "approve":
+        _refuse_irreversible_auto_approve(where, effect, reversible)
+    return approvals, timeout_s, on_timeout
 
 
 def _unset(where: str, value: Any) -> tuple[str, ...]:
