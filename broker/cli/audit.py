@@ -56,7 +56,7 @@ def verify(
 ) -> None:
     """Check the hash chain (keyed with the host's audit key) of the whole audit log and,
     given exported checkpoints, that the log still holds each; name the first fault."""
-    from broker.audit.checkpoints import audit_settings, check_checkpoints, read_checkpoints
+    from broker.audit.checkpoints import audit_settings
     from broker.store.sqlite import Ledger
 
     cfg = config_only(config, state)
@@ -90,17 +90,7 @@ def verify(
             f"{audit_verify.CHECKPOINTS_HINT}",
             code=1,
         )
-    checked = ""
-    if checkpoints is not None:
-        if key is None:
-            fail("--checkpoints: checkpoints are checked with the audit key ([audit] key_file)")
-        points = guarded(lambda: read_checkpoints(checkpoints))
-        fault = check_checkpoints(points, report.hashes, key)
-        if fault is not None:
-            fail(f"{checkpoints}: line {fault.line}: {fault.problem}", code=1)
-        if not points:
-            fail(f"{checkpoints}: holds no checkpoint", code=1)
-        checked = f"; {len(points)} checkpoint(s) match"
+    checked = "" if checkpoints is None else _checked(checkpoints, report.hashes, key)
     keyed = "keyed" if key is not None else "not keyed: no \\[audit] key on this host"
     out.print(f"{path}: ok, {report.count} event(s), chain intact ({keyed}){checked}")
     if key is not None and report.unkeyed:
@@ -108,6 +98,21 @@ def verify(
             f"note: the first {report.unkeyed} line(s) predate the audit key and are only "
             "hash-chained"
         )
+
+
+def _checked(checkpoints: Path, hashes: dict[int, str], key: bytes | None) -> str:
+    """That each exported checkpoint is still in the log (one line, or the first fault)."""
+    from broker.audit.checkpoints import check_checkpoints, read_checkpoints
+
+    if key is None:
+        fail("--checkpoints: checkpoints are checked with the audit key ([audit] key_file)")
+    points = guarded(lambda: read_checkpoints(checkpoints))
+    fault = check_checkpoints(points, hashes, key)
+    if fault is not None:
+        fail(f"{checkpoints}: line {fault.line}: {fault.problem}", code=1)
+    if not points:
+        fail(f"{checkpoints}: holds no checkpoint", code=1)
+    return f"; {len(points)} checkpoint(s) match"
 
 
 @app.command("tail")

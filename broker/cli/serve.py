@@ -23,7 +23,9 @@ from broker.cli.daemon import (
 from broker.untrusted import terminal
 
 if TYPE_CHECKING:
+    from broker.cli.prompt import Prompt
     from broker.config import Config
+    from broker.hosting.runner import RunOptions
     from broker.loop.pipeline import Broker
 
 # `broker run -- CMD ARGS`: everything after the options is the sandbox's command
@@ -147,8 +149,6 @@ def run(
     log_format: LogFormatOpt = None,
 ) -> None:
     """Run CMD in a new sandbox and serve its outbox until it exits: broker run -- CMD ARGS."""
-    from broker.cli.prompt import Prompt
-    from broker.hosting.runner import RunOptions
     from broker.hosting.runner import run as run_sandbox
 
     command = list(ctx.args)
@@ -164,19 +164,7 @@ def run(
         log_format=log_format,
     )
     with daemon(args, quiet=True) as d:
-        if workspace is not None and not workspace.is_dir():
-            fail(f"--workspace {workspace}: not a directory")
-        prompt = Prompt(d.cfg, d.registry) if sys.stdin.isatty() and not detach else None
-        options = RunOptions(
-            command=command,
-            image=image,
-            name=name,
-            workspace=workspace.absolute() if workspace else None,
-            detach=detach,
-            on_pending=prompt,
-            notifier=d.notifier,
-            say=lambda text: err.print(terminal(text), highlight=False),
-        )
+        options, prompt = _run_options(d, command, image, name, workspace, detach)
         d.start(interrupt=True)
         try:
             code = guarded(lambda: run_sandbox(d.cfg, d.registry, d.policy, options))
@@ -188,3 +176,32 @@ def run(
         if prompt is not None:
             prompt.close()
     raise typer.Exit(code)
+
+
+def _run_options(
+    d: Daemon,
+    command: list[str],
+    image: str | None,
+    name: str | None,
+    workspace: Path | None,
+    detach: bool,
+) -> tuple[RunOptions, Prompt | None]:
+    """What `broker run` asks of the runner, and the terminal's prompt about what waits
+    (when stdin is one and the run is not detached)."""
+    from broker.cli.prompt import Prompt
+    from broker.hosting.runner import RunOptions
+
+    if workspace is not None and not workspace.is_dir():
+        fail(f"--workspace {workspace}: not a directory")
+    prompt = Prompt(d.cfg, d.registry) if sys.stdin.isatty() and not detach else None
+    options = RunOptions(
+        command=command,
+        image=image,
+        name=name,
+        workspace=workspace.absolute() if workspace else None,
+        detach=detach,
+        on_pending=prompt,
+        notifier=d.notifier,
+        say=lambda text: err.print(terminal(text), highlight=False),
+    )
+    return options, prompt
