@@ -21,6 +21,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+from broker.models import PROTOCOL_VERSIONS
 from broker.policy.ruleset import Policy, Rule, default_verdict
 from broker.registry import Registry
 from effects.base import EffectHandler
@@ -69,7 +70,7 @@ def build(
         returns = _returns(registry, entry["name"], settings or {})
         if returns:
             entry["returns"] = returns
-    return {"version": VERSION, "effects": entries}
+    return {"version": VERSION, "protocol_versions": list(PROTOCOL_VERSIONS), "effects": entries}
 
 
 def _returns(registry: Registry, name: str, settings: Sections) -> dict[str, str]:

@@ -37,6 +37,7 @@ from broker.events import (
 from broker.faults import fault
 from broker.intake import claims as intake
 from broker.intake.outbox import Outbox, Served
+from broker.lifecycle import withdrawals
 from broker.lifecycle.admission import Admission
 from broker.lifecycle.apply import Workers
 from broker.lifecycle.assessing import Assessments
@@ -308,7 +309,12 @@ class Broker:
             if work.recover and not self._recover(work):
                 return
             self.events.put(Rescan())  # what came meanwhile is found again
+        for (_, name), box in list(files.items()):
+            if name.endswith(withdrawals.SUFFIX):
+                self.stages.withdrawals.see(box, name)
+                del files[(box.sandbox, name)]
         busy = files or work.claimed or work.done or work.assessed or work.due or reload
+        busy = busy or bool(self.stages.withdrawals)
         if not (busy or self.answers.written or self.audit.durable):
             return
         work.claimed += [

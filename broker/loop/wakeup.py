@@ -1,6 +1,6 @@
 """The stages one wake-up's transaction runs, each filling the batch for after the
 commit: a claimed file read and admitted, an outcome back from a worker, an
-assessment back from off the loop, a deadline come due.
+assessment back from off the loop, a deadline come due, a withdrawal by the agent.
 
 A bug met by one request must not stop the others: its part of the transaction runs
 in a savepoint, rolled back alone, and the request waits for the next start.
@@ -18,6 +18,7 @@ from broker.intake.outbox import Outbox
 from broker.lifecycle.admission import Admission
 from broker.lifecycle.batch import Batch
 from broker.lifecycle.transitions import Lifecycle
+from broker.lifecycle.withdrawals import Withdrawals
 from broker.loop import recovery
 from broker.loop.aftercommit import AfterCommit
 from broker.loop.outage import Kept
@@ -43,6 +44,7 @@ class Stages:
         self.claims = claims
         self.admission = admission
         self.apply = apply  # the one call into a handler, for inline applies
+        self.withdrawals = Withdrawals(claims.limits, claims.clock)
 
     def run(self, work: Kept, reload: bool, batch: Batch, after: AfterCommit) -> None:
         """The wake-up's one transaction (group commit): every item it brought, each
@@ -69,6 +71,8 @@ class Stages:
                 self.resume(back, batch)
             for sandbox, request_id in work.due:
                 self.expire(sandbox, request_id, batch)
+            if self.withdrawals:  # after intake: a request and its withdrawal may come at once
+                self.withdrawals.settle(self.ledger, self.lifecycle, batch)
             if reload:
                 recovery.reload(self.ledger, self.lifecycle, batch, self.admission.controls)
             fault("before_commit")

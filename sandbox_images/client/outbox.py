@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The in-sandbox client of the outbox protocol (version 1).
+"""The in-sandbox client of the outbox protocol (versions 1 and 2).
 
 An agent asks the host for an effect by writing a request into ``$OUTBOX_DIR``
 (default ``/outbox``) and reads the broker's answer from ``$RESULTS_DIR`` (default
@@ -58,9 +58,15 @@ __all__ = [
     "request",
     "result",
     "wait_for",
+    "withdraw",
 ]
 
 VERSION = 1
+"""The version requests are written in: version 2 changed nothing in a request, so a
+broker that speaks only version 1 reads them too."""
+WITHDRAW_VERSION = 2
+"""Withdrawals (``<id>.withdraw``) came with version 2; a broker lists the versions it
+speaks in its catalogue (``protocol_versions``)."""
 TERMINAL = frozenset({"applied", "denied", "expired", "invalid", "failed", "unknown", "staged"})
 
 CATALOGUE = ".effects.json"
@@ -398,6 +404,34 @@ def _human(seconds: float) -> str:
     if seconds >= 60:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds}s"
+
+
+def withdraw(request_id: str, reason: str | None = None) -> str:
+    """Take back a request: "unfiled" if no broker had read it yet (its file is removed
+    from the outbox), "asked" if a withdrawal was written (the broker denies the request
+    if it still waits for a person, "withdrawn by the agent", and leaves one already
+    approved or decided as it is; read its result to know which), "unsupported" if the
+    broker serving this sandbox predates withdrawals (protocol version 2)."""
+    if not _ID.match(request_id):
+        raise ValueError(f"request id {request_id!r} must match [A-Za-z0-9_-]{{1,64}}")
+    try:
+        os.unlink(os.path.join(_outbox_dir(), f"{request_id}.json"))
+        return "unfiled"
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise OutboxError(f"cannot withdraw {request_id}: {exc.strerror or exc}") from exc
+    try:
+        speaks = catalogue().get("protocol_versions") or [1]
+    except OutboxError:
+        speaks = [1]
+    if WITHDRAW_VERSION not in speaks:
+        return "unsupported"
+    body: dict[str, Any] = {"version": WITHDRAW_VERSION, "id": request_id}
+    if reason is not None:
+        body["reason"] = str(reason)[:2000]
+    _write_atomically(_outbox_dir(), f"{request_id}.withdraw", _payload(body))
+    return "asked"
 
 
 def catalogue(timeout: float = 0.0) -> dict[str, Any]:

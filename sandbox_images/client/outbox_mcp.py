@@ -55,6 +55,7 @@ PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR =
     -32602,
     -32603,
 )
+CANCELLED = "the MCP client cancelled the call"
 HEARTBEAT_S = 15.0  # progress is re-sent this often while a request waits for a person
 CATALOGUE_WAIT_S = 10.0
 INSTRUCTIONS = (
@@ -83,6 +84,7 @@ class Server:
         self._timeout = timeout
         self._lock = threading.Lock()
         self._calls: dict[Any, threading.Event] = {}  # request id -> cancelled
+        self._cancelled: set[Any] = set()  # ids the client cancelled (not ended by EOF)
         self._closed = threading.Event()
         self._version = PROTOCOL_VERSIONS[0]
         self._log_level: int | None = None  # None: the client asked for no log messages
@@ -188,6 +190,7 @@ class Server:
         if method == "notifications/cancelled" and isinstance(params, dict):
             cancelled = self._calls.get(params.get("requestId"))
             if cancelled is not None:
+                self._cancelled.add(params.get("requestId"))
                 cancelled.set()
         # notifications/initialized and anything else: nothing to do, nothing to answer
 
@@ -227,7 +230,7 @@ class Server:
             self._log("info", f"{name}: filed as request {request_id}")
             answer = self._wait(request_id, token, cancelled)
             if answer is None:  # cancelled, and a cancelled call gets no reply
-                self._log("notice", _withdraw(request_id))
+                self._log("notice", _withdraw(request_id, asked=rid in self._cancelled))
                 return
             self._log("info", f"{name}: request {request_id} {answer.get('status')}")
             plain = self._version in PLAIN_VERSIONS
@@ -238,6 +241,7 @@ class Server:
             self._error(rid, INTERNAL_ERROR, f"Internal error: {type(exc).__name__}: {exc}")
         finally:
             self._calls.pop(rid, None)
+            self._cancelled.discard(rid)
 
     def _wait(
         self, request_id: str, token: Any, cancelled: threading.Event
@@ -304,17 +308,33 @@ def _effects() -> list[dict[str, Any]]:
         raise _Reply(INTERNAL_ERROR, str(exc)) from exc
 
 
-def _withdraw(request_id: str) -> str:
-    """Take a cancelled call's request back if no broker has read it yet; say what became
-    of it (a claimed one stays with the broker: the sandbox cannot decide it)."""
-    try:
-        os.unlink(os.path.join(outbox._outbox_dir(), f"{request_id}.json"))
-    except OSError:
+def _withdraw(request_id: str, *, asked: bool) -> str:
+    """Take a cancelled call's request back (outbox.withdraw); say what became of it. A
+    call ended by the session's end (`asked` False) is only taken back if no broker has
+    read it yet: its result can still be read later (outbox result)."""
+    if not asked:
+        try:
+            os.unlink(os.path.join(outbox._outbox_dir(), f"{request_id}.json"))
+            done = "unfiled"
+        except OSError:
+            done = "kept"
+    else:
+        try:
+            done = outbox.withdraw(request_id, CANCELLED)
+        except (outbox.OutboxError, ValueError) as exc:
+            return f"cancelled: request {request_id} could not be withdrawn ({exc})"
+    if done == "unfiled":
+        return f"cancelled: request {request_id} withdrawn before the broker read it"
+    if done == "asked":
         return (
-            f"cancelled: request {request_id} stays with the broker, which decides it "
-            f"(see: outbox result {request_id})"
+            f"cancelled: asked the broker to withdraw request {request_id}; it is denied if "
+            f"it still waits for a person (see: outbox result {request_id})"
         )
-    return f"cancelled: request {request_id} withdrawn before the broker read it"
+    why = "the session ended" if done == "kept" else "the broker predates withdrawals"
+    return (
+        f"cancelled: request {request_id} stays with the broker, which decides it ({why}; "
+        f"see: outbox result {request_id})"
+    )
 
 
 def _depth(line: bytes) -> int:

@@ -7,6 +7,7 @@ Shared by the attach-mode tests (the server as a host process) and the Docker te
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import warnings
@@ -22,6 +23,7 @@ from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp_types.version import LATEST_HANDSHAKE_VERSION
 
 from tests.integrations.conftest import Host
+from tests.support import eventually
 
 POLICY = """
 [[rules]]
@@ -124,6 +126,43 @@ async def waits_then_approved(client: ClientSession, host: Host) -> None:
     assert result.is_error is False, text_of(result)
     assert "approved by ops-oncall: fine, replace it" in text_of(result)
     assert (host.exports / "b.txt").read_text() == "new"
+
+
+async def cancelled_while_waiting(client: ClientSession, host: Host, results: Path) -> None:
+    """A call cancelled while its request waits for a person (the broker has claimed
+    it): the SDK sends notifications/cancelled, the server writes a withdrawal, and the
+    request ends denied, withdrawn by the agent, with one terminal result."""
+    await client.call_tool("files.write", {"path": "c.txt", "content": "old"})
+    waiting = asyncio.Event()
+
+    async def progress(value: float, total: float | None, message: str | None) -> None:
+        waiting.set()
+
+    call = asyncio.ensure_future(
+        client.call_tool(
+            "files.write",
+            {"path": "c.txt", "content": "new", "overwrite": True},
+            progress_callback=progress,
+        )
+    )
+    await asyncio.wait_for(waiting.wait(), 60)
+    [row] = host.wait_pending("files.write")
+    call.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await call
+    path = results / f"{row['id']}.json"
+
+    def denied() -> dict[str, Any] | None:
+        """the cancelled call's request is denied"""
+        found = json.loads(path.read_text())
+        return found if found["status"] == "denied" else None
+
+    result = await asyncio.to_thread(eventually, denied)
+    assert result["reason"] == "withdrawn by the agent: the MCP client cancelled the call"
+    assert result["decided_by"] == "agent"
+    assert host.pending("files.write") == []
+    assert (host.exports / "c.txt").read_text() == "old"
+    assert (await client.send_ping()) is not None  # the session goes on
 
 
 async def denied(client: ClientSession, host: Host) -> None:

@@ -63,6 +63,18 @@ def test_call_waits_for_approval_from_the_cli(attached: dict[str, str], host: Ho
     asyncio.run(run())
 
 
+def test_a_cancelled_call_withdraws_its_waiting_request(
+    attached: dict[str, str], host: Host
+) -> None:
+    """notifications/cancelled once the broker holds the request: denied, withdrawn."""
+
+    async def run() -> None:
+        async with scenario.session(SERVER, attached) as client:
+            await scenario.cancelled_while_waiting(client, host, Path(attached["RESULTS_DIR"]))
+
+    asyncio.run(run())
+
+
 def test_denied_call_carries_the_reason(attached: dict[str, str], host: Host) -> None:
     """A denied call is isError with the policy's reason."""
 
