@@ -146,6 +146,7 @@ class Result:
     on_timeout: str | None = None
     replayed: bool = False
     version: int = 1  # the request's: an agent reads the version it wrote
+    approvals: tuple[int, int] | None = None  # pending, version 2: (given so far, needed)
 
     @property
     def terminal(self) -> bool:
@@ -169,6 +170,8 @@ class Result:
         if self.status == "pending":
             data["expires_at"] = self.expires_at
             data["on_timeout"] = self.on_timeout
+            if self.approvals is not None and self.version >= 2:
+                data["approvals"] = {"given": self.approvals[0], "needed": self.approvals[1]}
         if self.replayed:
             data["replayed"] = True
         return data
@@ -191,7 +194,14 @@ class Result:
             on_timeout=data.get("on_timeout"),
             replayed=bool(data.get("replayed", False)),
             version=int(data.get("version", 1)),
+            approvals=_counts(data.get("approvals")),
         )
+
+
+def _counts(value: Any) -> tuple[int, int] | None:
+    if isinstance(value, dict) and "given" in value and "needed" in value:
+        return int(value["given"]), int(value["needed"])
+    return None
 
 
 @dataclass(frozen=True)
@@ -328,8 +338,9 @@ class Record:
     def envelope(self) -> dict[str, Any]:
         return codec.loads(self.payload) if self.payload else {}
 
-    def result(self) -> Result | None:
-        """The result file this row shows, or None while there is nothing to show."""
+    def result(self, given: int | None = None) -> Result | None:
+        """The result file this row shows, or None while there is nothing to show.
+        `given`: approvals so far, shown while pending (version 2 requests)."""
         if self.state not in TERMINAL and self.state != "pending":
             return None
         return Result(
@@ -348,6 +359,9 @@ class Record:
             on_timeout=self.on_timeout,
             replayed=self.replay_of is not None,
             version=self.version,
+            approvals=None
+            if given is None
+            else (given, int((self.verdict or {}).get("approvals", 1))),
         )
 
     @property

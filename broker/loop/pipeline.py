@@ -95,7 +95,7 @@ class Broker:
             audit_log(config), checkpoints_for(config, clock), clock
         )
         self.catalogue, self.served = self._published(config, registry, policy)
-        self.answers = Answers(self.served)
+        self.answers = Answers(self.served, self._approvals)
         self.events: queue.Queue[Event] = queue.Queue()
         self.backlog = Backlog()
         self.assessments = Assessments(
@@ -145,6 +145,10 @@ class Broker:
             host=self.ledger.host,  # with a shared store: HOST.SANDBOX
         )
         return document, served
+
+    def _approvals(self, key: tuple[str, str]) -> int:
+        """How many people have approved a pending request so far."""
+        return sum(d.verdict == "approve" for d in self.ledger.decisions(*key))
 
     @property
     def outboxes(self) -> dict[str, Outbox]:

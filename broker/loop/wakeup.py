@@ -75,7 +75,16 @@ class Stages:
                 self.withdrawals.settle(self.ledger, self.lifecycle, batch)
             if reload:
                 recovery.reload(self.ledger, self.lifecycle, batch, self.admission.controls)
+                self.recount(after, batch)
             fault("before_commit")
+
+    def recount(self, after: AfterCommit, batch: Batch) -> None:
+        """Pending results that show approvals (version 2) are written again when one
+        came in short of the quorum."""
+        for key in after.answers.recount():
+            record = self.ledger.get(*key)
+            if record is not None and record.state == "pending":
+                batch.answer.append(record)
 
     def intake(self, box: Outbox, name: str, where: str, batch: Batch) -> None:
         """Read and admit one claimed file; a bug leaves it in the claim dir."""

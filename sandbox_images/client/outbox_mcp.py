@@ -225,7 +225,8 @@ class Server:
         cancelled: threading.Event,
     ) -> None:
         try:
-            written = outbox.request(name, arguments, wait=False)
+            version = 2 if outbox.speaks(2) else 1  # 2: pending results count approvals
+            written = outbox.request(name, arguments, wait=False, version=version)
             request_id = str(written["id"])
             self._log("info", f"{name}: filed as request {request_id}")
             answer = self._wait(request_id, token, cancelled)

@@ -28,6 +28,7 @@ RESULT_SCHEMA: dict[str, Any] = {
         "request_sha256": {"type": ["string", "null"]},
         "decided_by": {"type": ["string", "null"]},
         "expires_at": {"type": ["string", "null"]},
+        "approvals": {"type": "object"},
     },
 }
 """A tool's outputSchema: the outbox result (PROTOCOL.md), as structuredContent carries it."""
@@ -106,7 +107,12 @@ def still_pending(request_id: str, timeout: float, last: dict[str, Any] | None) 
 
 
 def pending_text(result: dict[str, Any]) -> str:
+    """What a pending result says: the reason, the approvals so far (a version 2
+    result), the deadline."""
     text = f"pending: {result.get('reason') or 'waiting for a decision'}"
+    approvals = result.get("approvals")
+    if isinstance(approvals, dict) and "given" in approvals and "needed" in approvals:
+        text += f"; {approvals['given']} of {approvals['needed']} approval(s) so far"
     if result.get("expires_at"):
         text += f" (decided by {result['expires_at']} at the latest)"
     return text

@@ -1,6 +1,6 @@
-"""Withdrawals (outbox protocol version 2): `<id>.withdraw` takes back a request that
-waits for a person, against a real broker in a thread; one already approved, applying
-or decided is left as it is."""
+"""Outbox protocol version 2, against a real broker in a thread: withdrawals
+(`<id>.withdraw` takes back a request that waits for a person; one already approved,
+applying or decided is left as it is), and pending results that count approvals."""
 
 from __future__ import annotations
 
@@ -184,3 +184,22 @@ def _client() -> Any:
     import outbox
 
     return outbox
+
+
+def test_a_version_2_pending_result_counts_the_approvals(start: Start) -> None:
+    """0 of 2, then 1 of 2 once alice approved (the result is written again); a version 1
+    request's result has no such field."""
+    h = start(approvals=2)
+    doc = h.request("test.record", {"value": "v"}, version=2)
+    pending = checked(h.submit(doc, terminal=False))
+    assert pending["approvals"] == {"given": 0, "needed": 2}
+    decide_as(h, pending["id"], "approve", "alice", "fine")
+
+    def counted() -> dict[str, Any] | None:
+        """the pending result says one approval is in"""
+        found = json.loads((h.results / f"{pending['id']}.json").read_text())
+        return found if found.get("approvals", {}).get("given") == 1 else None
+
+    assert checked(eventually(counted))["status"] == "pending"
+    old = h.submit(h.request("test.record", {"value": "w"}), terminal=False)
+    assert "approvals" not in old
