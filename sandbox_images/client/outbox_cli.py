@@ -122,6 +122,11 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="give up waiting for a tool call's result after this long (default: never)",
     )
+    mcp.add_argument(
+        "--portable-names",
+        action="store_true",
+        help="name tools [A-Za-z0-9_-]{1,64} as OpenAI's API requires: git.push is git-push",
+    )
     return parser
 
 
@@ -208,7 +213,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "mcp":
         import outbox_mcp
 
-        return outbox_mcp.serve(timeout=args.timeout)
+        return outbox_mcp.serve(timeout=args.timeout, portable=args.portable_names)
     if args.command == "result":
         if args.wait:
             answer = wait_for(args.id, timeout=args.timeout, progress=not args.quiet)

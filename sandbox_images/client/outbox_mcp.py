@@ -32,7 +32,14 @@ import time
 from typing import Any, BinaryIO
 
 import outbox
-from outbox_mcp_tools import call_result, error_result, pending_text, still_pending, tool
+from outbox_mcp_tools import (
+    call_result,
+    effect_name,
+    error_result,
+    pending_text,
+    still_pending,
+    tool,
+)
 
 __all__ = ["PROTOCOL_VERSIONS", "Server", "call_result", "serve", "tool"]
 
@@ -78,7 +85,15 @@ class _Reply(Exception):
 class Server:
     """One MCP session over a pair of binary streams (stdin and stdout by default)."""
 
-    def __init__(self, reader: BinaryIO, writer: BinaryIO, *, timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        reader: BinaryIO,
+        writer: BinaryIO,
+        *,
+        timeout: float | None = None,
+        portable: bool = False,
+    ) -> None:
+        self._portable = portable  # tool names of [A-Za-z0-9_-]{1,64} (portable_name)
         self._reader = reader
         self._writer = writer
         self._timeout = timeout
@@ -177,7 +192,7 @@ class Server:
             return {}
         if method == "tools/list":
             plain = self._version in PLAIN_VERSIONS
-            return {"tools": [tool(e, plain=plain) for e in _effects()]}
+            return {"tools": [tool(e, plain=plain, portable=self._portable) for e in _effects()]}
         if method == "logging/setLevel":
             level = params.get("level")
             if level not in LOG_LEVELS:
@@ -203,7 +218,8 @@ class Server:
             raise _Reply(INVALID_PARAMS, "Invalid params: name must be the tool's name")
         if not isinstance(arguments, dict):
             raise _Reply(INVALID_PARAMS, "Invalid params: arguments must be an object")
-        if name not in {e.get("name") for e in _effects()}:
+        effect = effect_name(name, [str(e.get("name")) for e in _effects()])
+        if effect is None:
             raise _Reply(INVALID_PARAMS, f"Unknown tool: {name}; tools/list names them")
         meta = params.get("_meta")
         token = meta.get("progressToken") if isinstance(meta, dict) else None
@@ -212,7 +228,7 @@ class Server:
         cancelled = threading.Event()
         self._calls[rid] = cancelled
         thread = threading.Thread(
-            target=self._call, args=(rid, name, arguments, token, cancelled), daemon=True
+            target=self._call, args=(rid, effect, arguments, token, cancelled), daemon=True
         )
         thread.start()
 
@@ -353,8 +369,9 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def serve(timeout: float | None = None) -> int:
-    """Run the server on this process's stdin and stdout (``outbox mcp``)."""
+def serve(timeout: float | None = None, *, portable: bool = False) -> int:
+    """Run the server on this process's stdin and stdout (``outbox mcp``;
+    ``--portable-names``: `portable`)."""
     stdout = sys.stdout.buffer
     sys.stdout = sys.stderr  # anything printed by mistake must not corrupt the stream
-    return Server(sys.stdin.buffer, stdout, timeout=timeout).run()
+    return Server(sys.stdin.buffer, stdout, timeout=timeout, portable=portable).run()
