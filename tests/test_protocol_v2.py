@@ -5,6 +5,7 @@ applying or decided is left as it is), and pending results that count approvals.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -163,6 +164,22 @@ def test_the_client_withdraws_through_the_broker(
     assert outbox_empty(h)
 
 
+def test_outbox_withdraw_from_a_shell(start: Start) -> None:
+    """`outbox withdraw ID --reason …`: exit 0, the request ends denied with the reason."""
+    import subprocess
+
+    h = start()
+    pending = waiting(h)
+    env = {**os.environ, "OUTBOX_DIR": str(h.outbox), "RESULTS_DIR": str(h.results)}
+    command = [sys.executable, str(CLIENT / "outbox.py"), "withdraw", pending["id"]]
+    done = subprocess.run(
+        [*command, "--reason", "done by hand"], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "asked the broker to withdraw" in done.stderr
+    assert h.wait(pending["id"])["reason"] == "withdrawn by the agent: done by hand"
+
+
 def test_the_client_writes_no_withdrawal_for_a_version_1_broker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -177,10 +194,12 @@ def test_the_client_writes_no_withdrawal_for_a_version_1_broker(
     assert list((tmp_path / "o").iterdir()) == []
 
 
+CLIENT = Path(__file__).resolve().parents[1] / "sandbox_images" / "client"
+
+
 def _client() -> Any:
-    client = Path(__file__).resolve().parents[1] / "sandbox_images" / "client"
-    if str(client) not in sys.path:
-        sys.path.insert(0, str(client))
+    if str(CLIENT) not in sys.path:
+        sys.path.insert(0, str(CLIENT))
     import outbox
 
     return outbox
