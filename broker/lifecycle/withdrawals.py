@@ -33,7 +33,7 @@ __all__ = ["MAX_BYTES", "SUFFIX", "Withdrawals", "consume", "read"]
 
 SUFFIX = ".withdraw"
 MAX_BYTES = 4096
-log = logging.getLogger("broker.intake.withdrawals")
+log = logging.getLogger("broker.lifecycle.withdrawals")
 
 
 @dataclass(frozen=True)
