@@ -14,6 +14,7 @@ from broker.clock import iso, now, parse_iso
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "PROTOCOL_VERSIONS",
     "STATUSES",
     "TERMINAL",
     "Decision",
@@ -30,7 +31,11 @@ __all__ = [
     "sha256_hex",
 ]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""The newest outbox protocol this broker speaks: version 2 adds withdrawals
+(`<id>.withdraw`, broker.intake.withdrawals); requests and results are unchanged."""
+PROTOCOL_VERSIONS = (1, 2)
+"""The versions a request may carry; its result answers in the version it was asked in."""
 State = Literal[
     "received",  # recorded; being assessed or previewed, or a replay waiting for its first
     "pending",  # waiting for people (result file: pending)
@@ -74,6 +79,7 @@ class Request:
     reason: str | None = None
     idempotency_key: str | None = None
     attachments: dict[str, str] = field(default_factory=dict)  # name -> sha256
+    version: int = 1  # as the agent wrote it: the sha256 covers it
 
     @property
     def integration(self) -> str:
@@ -82,7 +88,7 @@ class Request:
     def envelope(self) -> dict[str, Any]:
         """The canonical envelope: what the sha256 (and so an approval) covers."""
         env: dict[str, Any] = {
-            "version": PROTOCOL_VERSION,
+            "version": self.version,
             "id": self.id,
             "effect": self.effect,
             "params": self.params,
@@ -117,6 +123,7 @@ class Request:
             reason=data.get("reason"),
             idempotency_key=data.get("idempotency_key"),
             attachments=dict(data.get("attachments") or {}),
+            version=int(data.get("version", 1)),
         )
 
 
@@ -138,6 +145,8 @@ class Result:
     expires_at: str | None = None
     on_timeout: str | None = None
     replayed: bool = False
+    version: int = 1  # the request's: an agent reads the version it wrote
+    approvals: tuple[int, int] | None = None  # pending, version 2: (given so far, needed)
 
     @property
     def terminal(self) -> bool:
@@ -145,7 +154,7 @@ class Result:
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
-            "version": PROTOCOL_VERSION,
+            "version": self.version,
             "id": self.id,
             "effect": self.effect,
             "status": self.status,
@@ -161,6 +170,8 @@ class Result:
         if self.status == "pending":
             data["expires_at"] = self.expires_at
             data["on_timeout"] = self.on_timeout
+            if self.approvals is not None and self.version >= 2:
+                data["approvals"] = {"given": self.approvals[0], "needed": self.approvals[1]}
         if self.replayed:
             data["replayed"] = True
         return data
@@ -182,7 +193,15 @@ class Result:
             expires_at=data.get("expires_at"),
             on_timeout=data.get("on_timeout"),
             replayed=bool(data.get("replayed", False)),
+            version=int(data.get("version", 1)),
+            approvals=_counts(data.get("approvals")),
         )
+
+
+def _counts(value: Any) -> tuple[int, int] | None:
+    if isinstance(value, dict) and "given" in value and "needed" in value:
+        return int(value["given"]), int(value["needed"])
+    return None
 
 
 @dataclass(frozen=True)
@@ -319,8 +338,9 @@ class Record:
     def envelope(self) -> dict[str, Any]:
         return codec.loads(self.payload) if self.payload else {}
 
-    def result(self) -> Result | None:
-        """The result file this row shows, or None while there is nothing to show."""
+    def result(self, given: int | None = None) -> Result | None:
+        """The result file this row shows, or None while there is nothing to show.
+        `given`: approvals so far, shown while pending (version 2 requests)."""
         if self.state not in TERMINAL and self.state != "pending":
             return None
         return Result(
@@ -338,7 +358,17 @@ class Record:
             expires_at=self.expires_at,
             on_timeout=self.on_timeout,
             replayed=self.replay_of is not None,
+            version=self.version,
+            approvals=None
+            if given is None
+            else (given, int((self.verdict or {}).get("approvals", 1))),
         )
+
+    @property
+    def version(self) -> int:
+        """The protocol version the request was written in: its canonical payload sorts
+        `version` last of its keys, so the payload ends with it."""
+        return 2 if self.payload and self.payload.endswith(',"version":2}') else 1
 
     def evolve(self, **changes: Any) -> Record:
         """A copy with `changes`; unknown names raise, like dataclasses.replace."""

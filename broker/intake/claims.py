@@ -255,6 +255,7 @@ class Claims:
                 reason=doc.get("reason"),
                 idempotency_key=doc.get("idempotency_key"),
                 attachments=self._attachments(got, doc.get("attachments") or []),
+                version=doc["version"],
             )
         except FileNotFoundError:
             return None

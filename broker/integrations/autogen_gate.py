@@ -6,8 +6,9 @@ blocking their event loop. The answer is only "yes" if the broker applied the ve
 request we wrote (its `request_sha256` is ours): a rewrite of the file in the outbox
 before the broker claimed it never turns into approval for our code.
 
-A caller that gives up (its task is cancelled) withdraws the request: a pending one
-is denied through the same path as a person's decision, so the audit log says so.
+A caller that gives up (its task is cancelled) withdraws the request as an agent does
+(outbox protocol version 2): a pending one is denied, "withdrawn by the agent", and the
+audit log says so.
 """
 
 from __future__ import annotations
@@ -22,19 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker.clock import REAL
 from broker.config import Config
-from broker.errors import BrokerError
 from broker.hosting import sandbox
-from broker.models import Request
+from broker.models import PROTOCOL_VERSION, Request
 from effects.code import canonical_language
 
 __all__ = ["EFFECT", "WITHDRAWN", "Decision", "ask", "withdraw"]
 
 EFFECT = "code.execute"
-WITHDRAWN = "withdrawn: the agent's run was cancelled before anyone decided, so the code never ran"
-WITHDRAWER = "autogen (run cancelled)"
-RECORD_WAIT_S = 15.0  # how long a withdrawal waits for the broker to record the request
+WITHDRAWN = "the agent's run was cancelled before anyone decided, so the code never ran"
 log = logging.getLogger("broker.integrations")
 
 
@@ -153,33 +150,21 @@ def _decision(result: Mapping[str, Any], request: Request, ref: str) -> Decision
 
 
 def withdraw(config: Config, paths: sandbox.SandboxPaths, request_id: str) -> None:
-    """Deny the request if it still waits (recorded in the ledger and the audit log)."""
-    from broker.approval.decisions import Ballot, decide_and_wake
-    from broker.fleet import qualify
-    from broker.store.factory import open_store
-
-    ledger = open_store(config)
-    sandbox_id = qualify(ledger.host, paths.sandbox_id)
-    ref = f"{sandbox_id}/{request_id}"
+    """Take the request back as an agent does: its file, if no broker has read it yet,
+    else a withdrawal (protocol version 2), which the broker turns into a denial while the
+    request still waits (recorded in the ledger and the audit log, by "agent"), and
+    ignores once it is approved or decided. `config` is the host's (unused: kept for
+    callers)."""
     try:
-        end = REAL.monotonic() + RECORD_WAIT_S
-        while (record := ledger.get(sandbox_id, request_id)) is None:
-            if REAL.monotonic() >= end:
-                _unfile(paths.outbox, request_id)
-                return
-            REAL.sleep(0.02)  # the broker records a request within milliseconds
-        if record.state != "pending":
-            return  # decided meanwhile: nothing waits, and nothing runs either
-        decide_and_wake(config, ledger, Ballot(ref, "deny", WITHDRAWER, WITHDRAWN, "autogen", None))
-    except BrokerError as exc:  # decided meanwhile, or the ledger is gone: say so, go on
-        log.warning("could not withdraw %s: %s", ref, exc)
-    finally:
-        ledger.close()
-
-
-def _unfile(outbox: Path, request_id: str) -> None:
-    try:
-        os.unlink(outbox / f"{request_id}.json")
+        os.unlink(paths.outbox / f"{request_id}.json")
         log.warning("withdrew request %s before any broker read it", request_id)
+        return
     except FileNotFoundError:
-        log.warning("request %s was not recorded in time; it will be decided as usual", request_id)
+        pass
+    body = {"version": PROTOCOL_VERSION, "id": request_id, "reason": WITHDRAWN}
+    tmp = paths.outbox / f".{request_id}.withdraw.tmp"
+    try:
+        tmp.write_bytes(json.dumps(body).encode("utf-8"))
+        os.rename(tmp, paths.outbox / f"{request_id}.withdraw")
+    except OSError as exc:
+        log.warning("could not withdraw %s/%s: %s", paths.sandbox_id, request_id, exc)

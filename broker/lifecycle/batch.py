@@ -22,6 +22,7 @@ class Batch:
     assess: list[Record] = field(default_factory=list)  # held: assess or preview off the loop
     deadlines: list[Record] = field(default_factory=list)  # pending: watch their deadline
     settled: list[Record] = field(default_factory=list)  # done applying: drop start marks
+    withdrawn: list[tuple[Outbox, str]] = field(default_factory=list)  # withdrawal files
 
     def mark(self) -> tuple[int, ...]:
         return tuple(len(getattr(self, name)) for name in _LISTS)
@@ -32,4 +33,4 @@ class Batch:
             del getattr(self, name)[length:]
 
 
-_LISTS = ("remove", "answer", "apply", "inline", "assess", "deadlines", "settled")
+_LISTS = ("remove", "answer", "apply", "inline", "assess", "deadlines", "settled", "withdrawn")

@@ -65,13 +65,29 @@ class Answers:
     transaction can mark them synced (an unsynced result is written again at start).
     Observers hear of every result written; their failures never touch the request."""
 
-    def __init__(self, served: Served) -> None:
+    def __init__(
+        self, served: Served, given: Callable[[tuple[str, str]], int] | None = None
+    ) -> None:
         self.served = served
+        self.given = given  # approvals so far, for a pending result (protocol version 2)
+        self.counted: dict[tuple[str, str], int] = {}  # pending results' approvals, as written
         self.observers: list[Callable[[Record], None]] = []
         self.written: list[tuple[str, str, str]] = []
 
+    def recount(self) -> list[tuple[str, str]]:
+        """The pending requests whose approvals changed since their result was written (a
+        person's approval short of the quorum changes no state, so nothing else tells)."""
+        if self.given is None:
+            return []
+        return [key for key, given in list(self.counted.items()) if self.given(key) != given]
+
     def write(self, record: Record) -> None:
-        result = record.result()
+        given = None
+        if record.state == "pending" and record.version >= 2 and self.given is not None:
+            given = self.counted[record.key] = self.given(record.key)
+        else:
+            self.counted.pop(record.key, None)
+        result = record.result(given)
         box = self.served.boxes.get(record.sandbox)
         if result is None or box is None:
             return

@@ -14,6 +14,7 @@ and queueing its audit event in the same transaction.
 
     pending ─┬─ approve ─► approved ─ start ─► applying ─┬─ finish ─► applied | failed | invalid
              ├─ refuse ──► denied                        └─ lose ───► unknown (a restart)
+             ├─ withdraw ► denied (the agent took it back: protocol version 2)
              ├─ expire ──► expired
              └─ expire ──► applying (on_timeout = approve, reversible effects only)
 
@@ -50,6 +51,8 @@ ALLOWED: dict[State | None, frozenset[State]] = {
 """Where each state may go; None is a request the ledger has not recorded yet."""
 
 APPLIED_BY_TIMEOUT = "policy (on_timeout)"
+WITHDRAWER = "agent"
+WITHDRAWN = "withdrawn by the agent"
 
 
 def _identity(value: Any) -> Any:
@@ -229,6 +232,21 @@ class Lifecycle:
             reason=f"denied by {by}: {reason}",
         )
         self.audit("denied", record, stamp, by=by, reason=record.reason)
+        return record
+
+    def withdraw(self, record: Record, said: str | None) -> Record:
+        """The agent withdrew it while it waited (`said`: the withdrawal's own reason)."""
+        stamp = clock.iso(self.clock.now())
+        reason = WITHDRAWN + (f": {said}" if said else "")
+        record = self._move(
+            record,
+            state="denied",
+            decided_by=WITHDRAWER,
+            decided_at=stamp,
+            completed_at=stamp,
+            reason=self.redact(reason),
+        )
+        self.audit("denied", record, stamp, by=WITHDRAWER, withdrawn=True, reason=record.reason)
         return record
 
     def expire(self, record: Record) -> Record:

@@ -16,6 +16,7 @@ from broker.config import Config
 from broker.events import Applied, Event
 from broker.faults import fault
 from broker.intake import claims as intake
+from broker.lifecycle import withdrawals
 from broker.lifecycle.apply import Workers, call
 from broker.lifecycle.assessing import Assessments
 from broker.lifecycle.batch import Batch
@@ -52,6 +53,8 @@ class AfterCommit:
                 intake.remove(box, name)
             else:
                 self.consumed.add(box, name)
+        for box, name in batch.withdrawn:
+            withdrawals.consume(box, name)
         fault("before_results")
         for record in batch.answer:
             self.answers.write(record)

@@ -23,6 +23,7 @@ from typing import Any
 
 from broker.config import Config
 from broker.intake.outbox import Served
+from broker.models import PROTOCOL_VERSIONS
 from broker.policy.ruleset import Policy, Rule, default_verdict
 from broker.registry import Registry
 from effects.base import EffectHandler
@@ -71,7 +72,7 @@ def build(
         returns = _returns(registry, entry["name"], settings or {})
         if returns:
             entry["returns"] = returns
-    return {"version": VERSION, "effects": entries}
+    return {"version": VERSION, "protocol_versions": list(PROTOCOL_VERSIONS), "effects": entries}
 
 
 def _returns(registry: Registry, name: str, settings: Sections) -> dict[str, str]:

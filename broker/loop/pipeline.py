@@ -93,7 +93,7 @@ class Broker:
         )
         # what the handlers declare, published into every outbox served
         self.catalogue, self.served = catalogue.served(config, registry, policy, self.ledger.host)
-        self.answers = Answers(self.served)
+        self.answers = Answers(self.served, self._approvals)
         self.events: queue.Queue[Event] = queue.Queue()
         self.backlog = Backlog()
         self.assessments = Assessments(
@@ -138,6 +138,10 @@ class Broker:
         self.handover = Handover(self.served, self.config.sandboxes_dir)
         self.on_change.append(self.handover.tell)
         self._control_server: ControlServer | None = None
+
+    def _approvals(self, key: tuple[str, str]) -> int:
+        """How many people have approved a pending request so far."""
+        return sum(d.verdict == "approve" for d in self.ledger.decisions(*key))
 
     @property
     def outboxes(self) -> dict[str, Outbox]:
@@ -303,6 +307,7 @@ class Broker:
                 return
             self.events.put(Rescan())  # what came meanwhile is found again
         busy = files or work.claimed or work.done or work.assessed or work.due or reload
+        busy = busy or bool(self.stages.withdrawals)
         if not (busy or self.answers.written or self.audit.durable):
             return
         work.claimed += [
@@ -341,6 +346,8 @@ class Broker:
             self.rescan()
         for item in told.controls:
             self._control(item)
+        for box, name in told.withdrawn:
+            self.stages.withdrawals.see(box, name)
         return told.work, told.files, told.reload
 
     def _overdue(self) -> list[Event]:

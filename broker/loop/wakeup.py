@@ -1,6 +1,6 @@
 """The stages one wake-up's transaction runs, each filling the batch for after the
 commit: a claimed file read and admitted, an outcome back from a worker, an
-assessment back from off the loop, a deadline come due.
+assessment back from off the loop, a deadline come due, a withdrawal by the agent.
 
 A bug met by one request must not stop the others: its part of the transaction runs
 in a savepoint, rolled back alone, and the request waits for the next start.
@@ -25,9 +25,11 @@ from broker.events import (
 from broker.faults import fault
 from broker.intake.claims import Claims
 from broker.intake.outbox import Outbox
+from broker.lifecycle import withdrawals
 from broker.lifecycle.admission import Admission
 from broker.lifecycle.batch import Batch
 from broker.lifecycle.transitions import Lifecycle
+from broker.lifecycle.withdrawals import Withdrawals
 from broker.loop import recovery
 from broker.loop.aftercommit import AfterCommit
 from broker.loop.outage import Kept
@@ -40,7 +42,8 @@ log = logging.getLogger("broker")
 @dataclass
 class Sorted:
     """One wake-up's events by what they ask of the loop: the work for its transaction,
-    the files to claim, and whether to reload, discover, rescan or obey a control."""
+    the files to claim (a request's; an agent's withdrawal apart), and whether to reload,
+    discover, rescan or obey a control."""
 
     work: Kept = field(default_factory=Kept)
     files: dict[tuple[str, str], Outbox] = field(default_factory=dict)
@@ -48,6 +51,7 @@ class Sorted:
     discover: bool = False
     rescan: bool = False
     controls: list[Control] = field(default_factory=list)
+    withdrawn: list[tuple[Outbox, str]] = field(default_factory=list)
 
     @classmethod
     def of(
@@ -62,7 +66,9 @@ class Sorted:
         for item in items:
             if isinstance(item, FileSeen):
                 box = by_dir.get(item.folder)
-                if box is not None:
+                if box is not None and item.name.endswith(withdrawals.SUFFIX):
+                    told.withdrawn.append((box, item.name))
+                elif box is not None:
                     told.files.setdefault((box.sandbox, item.name), box)
             elif isinstance(item, Applied):
                 told.work.done.append(item)
@@ -96,6 +102,7 @@ class Stages:
         self.claims = claims
         self.admission = admission
         self.apply = apply  # the one call into a handler, for inline applies
+        self.withdrawals = Withdrawals(claims.limits, claims.clock)
 
     def run(self, work: Kept, reload: bool, batch: Batch, after: AfterCommit) -> None:
         """The wake-up's one transaction (group commit): every item it brought, each
@@ -122,9 +129,20 @@ class Stages:
                 self.resume(back, batch)
             for sandbox, request_id in work.due:
                 self.expire(sandbox, request_id, batch)
+            if self.withdrawals:  # after intake: a request and its withdrawal may come at once
+                self.withdrawals.settle(self.ledger, self.lifecycle, batch)
             if reload:
                 recovery.reload(self.ledger, self.lifecycle, batch, self.admission.controls)
+                self.recount(after, batch)
             fault("before_commit")
+
+    def recount(self, after: AfterCommit, batch: Batch) -> None:
+        """Pending results that show approvals (version 2) are written again when one
+        came in short of the quorum."""
+        for key in after.answers.recount():
+            record = self.ledger.get(*key)
+            if record is not None and record.state == "pending":
+                batch.answer.append(record)
 
     def intake(self, box: Outbox, name: str, where: str, batch: Batch) -> None:
         """Read and admit one claimed file; a bug leaves it in the claim dir."""

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The in-sandbox client of the outbox protocol (version 1).
+"""The in-sandbox client of the outbox protocol (versions 1 and 2).
 
 An agent asks the host for an effect by writing a request into ``$OUTBOX_DIR``
 (default ``/outbox``) and reads the broker's answer from ``$RESULTS_DIR`` (default
@@ -57,10 +57,17 @@ __all__ = [
     "main",
     "request",
     "result",
+    "speaks",
     "wait_for",
+    "withdraw",
 ]
 
 VERSION = 1
+"""The version requests are written in: version 2 changed nothing in a request, so a
+broker that speaks only version 1 reads them too."""
+WITHDRAW_VERSION = 2
+"""Withdrawals (``<id>.withdraw``) came with version 2; a broker lists the versions it
+speaks in its catalogue (``protocol_versions``)."""
 TERMINAL = frozenset({"applied", "denied", "expired", "invalid", "failed", "unknown", "staged"})
 
 CATALOGUE = ".effects.json"
@@ -133,6 +140,7 @@ def request(
     timeout: float | None = None,
     request_id: str | None = None,
     progress: bool | Callable[[str], None] | None = True,
+    version: int = VERSION,
 ) -> dict[str, Any]:
     """Ask the broker for ``effect`` with ``params`` and return its answer.
 
@@ -149,8 +157,12 @@ def request(
     with the same id files nothing new (see the module's docs); without it, an
     ``idempotency_key`` gives the id. ``attachments`` maps names
     (``[A-Za-z0-9][A-Za-z0-9_-]{0,63}``) to bytes; each is written before the
-    request, and params refer to them by name.
+    request, and params refer to them by name. ``version`` 2 (for a broker whose
+    catalogue lists it, :func:`speaks`) gets pending results that also say how many
+    approvals are in (``approvals``: ``given``, ``needed``).
     """
+    if version not in (1, 2):
+        raise ValueError(f"version must be 1 or 2, not {version!r}")
     if not isinstance(effect, str) or not effect:
         raise ValueError("effect must be a non-empty string such as 'files.write'")
     if request_id is not None and not (isinstance(request_id, str) and _ID.match(request_id)):
@@ -168,6 +180,7 @@ def request(
     if request_id is None:
         request_id = _key_id(idempotency_key) if idempotency_key is not None else _new_id()
     body = _envelope(request_id, effect, params, reason, idempotency_key, attachments)
+    body["version"] = version
     filed = _filed(body, attachments)
     if filed == "other" and not derived:
         raise OutboxError(
@@ -398,6 +411,40 @@ def _human(seconds: float) -> str:
     if seconds >= 60:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds}s"
+
+
+def speaks(version: int) -> bool:
+    """Whether the broker serving this sandbox speaks protocol ``version`` (its catalogue
+    lists ``protocol_versions``; a catalogue without it, or none, speaks version 1)."""
+    try:
+        listed = catalogue().get("protocol_versions") or [1]
+    except OutboxError:
+        listed = [1]
+    return version in listed
+
+
+def withdraw(request_id: str, reason: str | None = None) -> str:
+    """Take back a request: "unfiled" if no broker had read it yet (its file is removed
+    from the outbox), "asked" if a withdrawal was written (the broker denies the request
+    if it still waits for a person, "withdrawn by the agent", and leaves one already
+    approved or decided as it is; read its result to know which), "unsupported" if the
+    broker serving this sandbox predates withdrawals (protocol version 2)."""
+    if not _ID.match(request_id):
+        raise ValueError(f"request id {request_id!r} must match [A-Za-z0-9_-]{{1,64}}")
+    try:
+        os.unlink(os.path.join(_outbox_dir(), f"{request_id}.json"))
+        return "unfiled"
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise OutboxError(f"cannot withdraw {request_id}: {exc.strerror or exc}") from exc
+    if not speaks(WITHDRAW_VERSION):
+        return "unsupported"
+    body: dict[str, Any] = {"version": WITHDRAW_VERSION, "id": request_id}
+    if reason is not None:
+        body["reason"] = str(reason)[:2000]
+    _write_atomically(_outbox_dir(), f"{request_id}.withdraw", _payload(body))
+    return "asked"
 
 
 def catalogue(timeout: float = 0.0) -> dict[str, Any]:

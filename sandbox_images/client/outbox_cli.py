@@ -2,6 +2,7 @@
 
     outbox request files.write --param path=notes.txt --param content=hi [--id ID]
     outbox result ID [--wait]
+    outbox withdraw ID [--reason TEXT]
     outbox effects [EFFECT] [--json]
     outbox mcp
 
@@ -15,7 +16,7 @@ import json
 import sys
 from typing import Any
 
-from outbox import OutboxError, catalogue, request, result, wait_for
+from outbox import OutboxError, catalogue, request, result, wait_for, withdraw
 
 __all__ = ["main"]
 
@@ -111,6 +112,12 @@ def _parser() -> argparse.ArgumentParser:
     res.add_argument("--timeout", type=_seconds, metavar="SECONDS")
     res.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
 
+    wd = commands.add_parser(
+        "withdraw", help="take back a request: denied if it still waits for a person"
+    )
+    wd.add_argument("id", metavar="ID")
+    wd.add_argument("--reason", help="why (the audit log and the result say it)")
+
     eff = commands.add_parser("effects", help="list the effects the broker offers here")
     eff.add_argument("name", nargs="?", metavar="EFFECT", help="show one effect in full")
     eff.add_argument("--json", action="store_true", help="print the catalogue as JSON")
@@ -121,6 +128,11 @@ def _parser() -> argparse.ArgumentParser:
         type=_seconds,
         metavar="SECONDS",
         help="give up waiting for a tool call's result after this long (default: never)",
+    )
+    mcp.add_argument(
+        "--portable-names",
+        action="store_true",
+        help="name tools [A-Za-z0-9_-]{1,64} as OpenAI's API requires: git.push is git-push",
     )
     return parser
 
@@ -208,7 +220,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "mcp":
         import outbox_mcp
 
-        return outbox_mcp.serve(timeout=args.timeout)
+        return outbox_mcp.serve(timeout=args.timeout, portable=args.portable_names)
+    if args.command == "withdraw":
+        return _withdraw(args.id, args.reason)
     if args.command == "result":
         if args.wait:
             answer = wait_for(args.id, timeout=args.timeout, progress=not args.quiet)
@@ -238,6 +252,25 @@ def _run(args: argparse.Namespace) -> int:
             return 0
     print(json.dumps(answer, indent=2, ensure_ascii=False))
     return 0 if answer.get("status") == "applied" else 1
+
+
+def _withdraw(request_id: str, reason: str | None) -> int:
+    """0 when the request was taken back or a withdrawal written; 1 when the broker
+    predates withdrawals (protocol version 2)."""
+    done = withdraw(request_id, reason)
+    said = {
+        "unfiled": f"request {request_id} taken back before the broker read it",
+        "asked": (
+            f"asked the broker to withdraw request {request_id}: it is denied if it still "
+            f"waits for a person (see: outbox result {request_id})"
+        ),
+        "unsupported": (
+            f"the broker serving this sandbox predates withdrawals; request {request_id} "
+            "is decided as usual"
+        ),
+    }[done]
+    print(f"outbox: {said}", file=sys.stderr)
+    return 1 if done == "unsupported" else 0
 
 
 def main(argv: list[str] | None = None) -> int:

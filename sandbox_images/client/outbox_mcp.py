@@ -32,7 +32,14 @@ import time
 from typing import Any, BinaryIO
 
 import outbox
-from outbox_mcp_tools import call_result, error_result, pending_text, still_pending, tool
+from outbox_mcp_tools import (
+    call_result,
+    effect_name,
+    error_result,
+    pending_text,
+    still_pending,
+    tool,
+)
 
 __all__ = ["PROTOCOL_VERSIONS", "Server", "call_result", "serve", "tool"]
 
@@ -55,6 +62,7 @@ PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR =
     -32602,
     -32603,
 )
+CANCELLED = "the MCP client cancelled the call"
 HEARTBEAT_S = 15.0  # progress is re-sent this often while a request waits for a person
 CATALOGUE_WAIT_S = 10.0
 INSTRUCTIONS = (
@@ -77,12 +85,21 @@ class _Reply(Exception):
 class Server:
     """One MCP session over a pair of binary streams (stdin and stdout by default)."""
 
-    def __init__(self, reader: BinaryIO, writer: BinaryIO, *, timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        reader: BinaryIO,
+        writer: BinaryIO,
+        *,
+        timeout: float | None = None,
+        portable: bool = False,
+    ) -> None:
+        self._portable = portable  # tool names of [A-Za-z0-9_-]{1,64} (portable_name)
         self._reader = reader
         self._writer = writer
         self._timeout = timeout
         self._lock = threading.Lock()
         self._calls: dict[Any, threading.Event] = {}  # request id -> cancelled
+        self._cancelled: set[Any] = set()  # ids the client cancelled (not ended by EOF)
         self._closed = threading.Event()
         self._version = PROTOCOL_VERSIONS[0]
         self._log_level: int | None = None  # None: the client asked for no log messages
@@ -175,7 +192,7 @@ class Server:
             return {}
         if method == "tools/list":
             plain = self._version in PLAIN_VERSIONS
-            return {"tools": [tool(e, plain=plain) for e in _effects()]}
+            return {"tools": [tool(e, plain=plain, portable=self._portable) for e in _effects()]}
         if method == "logging/setLevel":
             level = params.get("level")
             if level not in LOG_LEVELS:
@@ -188,6 +205,7 @@ class Server:
         if method == "notifications/cancelled" and isinstance(params, dict):
             cancelled = self._calls.get(params.get("requestId"))
             if cancelled is not None:
+                self._cancelled.add(params.get("requestId"))
                 cancelled.set()
         # notifications/initialized and anything else: nothing to do, nothing to answer
 
@@ -200,7 +218,8 @@ class Server:
             raise _Reply(INVALID_PARAMS, "Invalid params: name must be the tool's name")
         if not isinstance(arguments, dict):
             raise _Reply(INVALID_PARAMS, "Invalid params: arguments must be an object")
-        if name not in {e.get("name") for e in _effects()}:
+        effect = effect_name(name, [str(e.get("name")) for e in _effects()])
+        if effect is None:
             raise _Reply(INVALID_PARAMS, f"Unknown tool: {name}; tools/list names them")
         meta = params.get("_meta")
         token = meta.get("progressToken") if isinstance(meta, dict) else None
@@ -209,7 +228,7 @@ class Server:
         cancelled = threading.Event()
         self._calls[rid] = cancelled
         thread = threading.Thread(
-            target=self._call, args=(rid, name, arguments, token, cancelled), daemon=True
+            target=self._call, args=(rid, effect, arguments, token, cancelled), daemon=True
         )
         thread.start()
 
@@ -222,12 +241,13 @@ class Server:
         cancelled: threading.Event,
     ) -> None:
         try:
-            written = outbox.request(name, arguments, wait=False)
+            version = 2 if outbox.speaks(2) else 1  # 2: pending results count approvals
+            written = outbox.request(name, arguments, wait=False, version=version)
             request_id = str(written["id"])
             self._log("info", f"{name}: filed as request {request_id}")
             answer = self._wait(request_id, token, cancelled)
             if answer is None:  # cancelled, and a cancelled call gets no reply
-                self._log("notice", _withdraw(request_id))
+                self._log("notice", _withdraw(request_id, asked=rid in self._cancelled))
                 return
             self._log("info", f"{name}: request {request_id} {answer.get('status')}")
             plain = self._version in PLAIN_VERSIONS
@@ -238,6 +258,7 @@ class Server:
             self._error(rid, INTERNAL_ERROR, f"Internal error: {type(exc).__name__}: {exc}")
         finally:
             self._calls.pop(rid, None)
+            self._cancelled.discard(rid)
 
     def _wait(
         self, request_id: str, token: Any, cancelled: threading.Event
@@ -304,17 +325,33 @@ def _effects() -> list[dict[str, Any]]:
         raise _Reply(INTERNAL_ERROR, str(exc)) from exc
 
 
-def _withdraw(request_id: str) -> str:
-    """Take a cancelled call's request back if no broker has read it yet; say what became
-    of it (a claimed one stays with the broker: the sandbox cannot decide it)."""
-    try:
-        os.unlink(os.path.join(outbox._outbox_dir(), f"{request_id}.json"))
-    except OSError:
+def _withdraw(request_id: str, *, asked: bool) -> str:
+    """Take a cancelled call's request back (outbox.withdraw); say what became of it. A
+    call ended by the session's end (`asked` False) is only taken back if no broker has
+    read it yet: its result can still be read later (outbox result)."""
+    if not asked:
+        try:
+            os.unlink(os.path.join(outbox._outbox_dir(), f"{request_id}.json"))
+            done = "unfiled"
+        except OSError:
+            done = "kept"
+    else:
+        try:
+            done = outbox.withdraw(request_id, CANCELLED)
+        except (outbox.OutboxError, ValueError) as exc:
+            return f"cancelled: request {request_id} could not be withdrawn ({exc})"
+    if done == "unfiled":
+        return f"cancelled: request {request_id} withdrawn before the broker read it"
+    if done == "asked":
         return (
-            f"cancelled: request {request_id} stays with the broker, which decides it "
-            f"(see: outbox result {request_id})"
+            f"cancelled: asked the broker to withdraw request {request_id}; it is denied if "
+            f"it still waits for a person (see: outbox result {request_id})"
         )
-    return f"cancelled: request {request_id} withdrawn before the broker read it"
+    why = "the session ended" if done == "kept" else "the broker predates withdrawals"
+    return (
+        f"cancelled: request {request_id} stays with the broker, which decides it ({why}; "
+        f"see: outbox result {request_id})"
+    )
 
 
 def _depth(line: bytes) -> int:
@@ -332,8 +369,9 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def serve(timeout: float | None = None) -> int:
-    """Run the server on this process's stdin and stdout (``outbox mcp``)."""
+def serve(timeout: float | None = None, *, portable: bool = False) -> int:
+    """Run the server on this process's stdin and stdout (``outbox mcp``;
+    ``--portable-names``: `portable`)."""
     stdout = sys.stdout.buffer
     sys.stdout = sys.stderr  # anything printed by mistake must not corrupt the stream
-    return Server(sys.stdin.buffer, stdout, timeout=timeout).run()
+    return Server(sys.stdin.buffer, stdout, timeout=timeout, portable=portable).run()

@@ -6,12 +6,24 @@ Standard library only, like outbox.py (Python >= 3.8).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
 import outbox
 
-__all__ = ["RESULT_SCHEMA", "call_result", "error_result", "pending_text", "still_pending", "tool"]
+__all__ = [
+    "RESULT_SCHEMA",
+    "call_result",
+    "effect_name",
+    "error_result",
+    "pending_text",
+    "portable_name",
+    "still_pending",
+    "tool",
+]
+
+PORTABLE_MAX = 64  # OpenAI's function names: ^[a-zA-Z0-9_-]{1,64}$
 
 
 RESULT_SCHEMA: dict[str, Any] = {
@@ -28,13 +40,37 @@ RESULT_SCHEMA: dict[str, Any] = {
         "request_sha256": {"type": ["string", "null"]},
         "decided_by": {"type": ["string", "null"]},
         "expires_at": {"type": ["string", "null"]},
+        "approvals": {"type": "object"},
     },
 }
 """A tool's outputSchema: the outbox result (PROTOCOL.md), as structuredContent carries it."""
 
 
-def tool(effect: dict[str, Any], *, plain: bool = False) -> dict[str, Any]:
-    """One catalogue entry as an MCP tool (`plain`: the 2024-11-05 fields only)."""
+def portable_name(effect: str) -> str:
+    """An effect's name as a tool name of [A-Za-z0-9_-]{1,64} (OpenAI's rule): each dot
+    becomes a hyphen (``github.pull_request.create`` is ``github-pull_request-create``).
+    Effect names never hold a hyphen, so the mapping is reversed exactly; an underscore
+    would not be (``pull_request`` has one already). A name past 64 characters keeps 55
+    and ends in ``-`` and 8 hex digits of its sha256, found again by catalogue lookup."""
+    name = effect.replace(".", "-")
+    if len(name) <= PORTABLE_MAX:
+        return name
+    return f"{name[:55]}-{hashlib.sha256(effect.encode()).hexdigest()[:8]}"
+
+
+def effect_name(tool_name: str, effects: list[str]) -> str | None:
+    """The effect a tool name calls (its own name, or its portable name), or None."""
+    if tool_name in effects:
+        return tool_name
+    for effect in effects:
+        if portable_name(effect) == tool_name:
+            return effect
+    return None
+
+
+def tool(effect: dict[str, Any], *, plain: bool = False, portable: bool = False) -> dict[str, Any]:
+    """One catalogue entry as an MCP tool (`plain`: the 2024-11-05 fields only;
+    `portable`: named by portable_name, the effect's own name in its title)."""
     reversible = bool(effect.get("reversible"))
     idempotent = bool(effect.get("idempotent"))
     approval = (effect.get("approval") or {}).get("summary") or "as the host's policy says"
@@ -45,8 +81,9 @@ def tool(effect: dict[str, Any], *, plain: bool = False) -> dict[str, Any]:
         f"Approval: {approval}."
     )
     schema = effect.get("params_schema")
+    name = str(effect.get("name"))
     found: dict[str, Any] = {
-        "name": effect.get("name"),
+        "name": portable_name(name) if portable else name,
         "description": description,
         "inputSchema": schema if isinstance(schema, dict) else {"type": "object"},
     }
@@ -106,7 +143,12 @@ def still_pending(request_id: str, timeout: float, last: dict[str, Any] | None) 
 
 
 def pending_text(result: dict[str, Any]) -> str:
+    """What a pending result says: the reason, the approvals so far (a version 2
+    result), the deadline."""
     text = f"pending: {result.get('reason') or 'waiting for a decision'}"
+    approvals = result.get("approvals")
+    if isinstance(approvals, dict) and "given" in approvals and "needed" in approvals:
+        text += f"; {approvals['given']} of {approvals['needed']} approval(s) so far"
     if result.get("expires_at"):
         text += f" (decided by {result['expires_at']} at the latest)"
     return text

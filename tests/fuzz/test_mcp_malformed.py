@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import sys
 import threading
 from pathlib import Path
@@ -131,6 +132,41 @@ def test_a_cancelled_call_not_yet_read_is_withdrawn(sandbox_dirs: Path) -> None:
     server.join(30)
     reader.close()
     assert not any(m.get("id") == 2 for m in out.messages)  # a cancelled call gets no reply
+
+
+SEGMENT = st.from_regex(r"[a-z][a-z0-9_]{0,20}", fullmatch=True)
+EFFECTS = st.lists(SEGMENT, min_size=2, max_size=3).map(".".join)
+OPENAI_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(EFFECTS | st.just("github.pull_request.create"), min_size=1, max_size=6))
+def test_portable_names_are_valid_for_openai_and_map_back(effects: list[str]) -> None:
+    """Every portable name passes OpenAI's rule, names one effect, and maps back to it
+    (`pull_request` keeps its underscore: a dot becomes a hyphen, never an underscore)."""
+    from outbox_mcp_tools import effect_name, portable_name
+
+    names = {portable_name(e) for e in set(effects)}
+    assert len(names) == len(set(effects))
+    for effect in effects:
+        name = portable_name(effect)
+        assert OPENAI_NAME.fullmatch(name), name
+        assert effect_name(name, effects) == effect
+        assert effect_name(effect, effects) == effect  # its own name still works
+
+
+def test_portable_names_in_a_session() -> None:
+    """--portable-names: tools/list names files-write (title and description keep
+    files.write) and a tools/call of files-write files a files.write request."""
+    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {}}
+    listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    out = io.BytesIO()
+    data = b"".join(json.dumps(m).encode() + b"\n" for m in (init, listing))
+    assert outbox_mcp.Server(io.BytesIO(data), out, portable=True).run() == 0
+    [tool] = [json.loads(line) for line in out.getvalue().splitlines()][1]["result"]["tools"]
+    assert tool["name"] == "files-write"
+    assert tool["title"].startswith("files.write — ")
+    assert outbox_mcp.effect_name("files-write", ["files.write"]) == "files.write"
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -7,6 +7,7 @@ Shared by the attach-mode tests (the server as a host process) and the Docker te
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import warnings
@@ -22,6 +23,7 @@ from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp_types.version import LATEST_HANDSHAKE_VERSION
 
 from tests.integrations.conftest import Host
+from tests.support import eventually
 
 POLICY = """
 [[rules]]
@@ -124,6 +126,87 @@ async def waits_then_approved(client: ClientSession, host: Host) -> None:
     assert result.is_error is False, text_of(result)
     assert "approved by ops-oncall: fine, replace it" in text_of(result)
     assert (host.exports / "b.txt").read_text() == "new"
+
+
+QUORUM = """
+[[rules]]
+effect = "files.write"
+action = "approve"
+approvals = 2
+timeout = "10m"
+reason = "two people read every file"
+"""
+
+
+async def progress_counts_approvals(client: ClientSession, host: Host) -> None:
+    """Under a quorum of two, progress says 0 of 2, then 1 of 2 once alice approved, with
+    the deadline each time; bob's approval applies it."""
+    told: list[str] = []
+    heard = asyncio.Event()
+
+    async def progress(value: float, total: float | None, message: str | None) -> None:
+        told.append(message or "")
+        heard.set()
+
+    async def said(words: str) -> str:
+        while not any(words in t for t in told):
+            heard.clear()
+            await asyncio.wait_for(heard.wait(), 60)
+        return next(t for t in told if words in t)
+
+    call = asyncio.ensure_future(
+        client.call_tool(
+            "files.write", {"path": "q.txt", "content": "x"}, progress_callback=progress
+        )
+    )
+    first = await said("0 of 2 approval(s) so far")
+    assert "waiting for 2 approval(s): two people read every file" in first
+    assert "at the latest" in first  # the deadline
+    [row] = host.wait_pending("files.write")
+    await asyncio.to_thread(host.cli, "approve", row["ref"], "--as", "alice", "--reason", "ok")
+    assert "at the latest" in await said("1 of 2 approval(s) so far")
+    assert not call.done()
+    await asyncio.to_thread(host.cli, "approve", row["ref"], "--as", "bob", "--reason", "ok")
+    result = await asyncio.wait_for(call, 60)
+    assert result.is_error is False, text_of(result)
+    assert (host.exports / "q.txt").read_text() == "x"
+
+
+async def cancelled_while_waiting(client: ClientSession, host: Host, results: Path) -> None:
+    """A call cancelled while its request waits for a person (the broker has claimed
+    it): the SDK sends notifications/cancelled, the server writes a withdrawal, and the
+    request ends denied, withdrawn by the agent, with one terminal result."""
+    await client.call_tool("files.write", {"path": "c.txt", "content": "old"})
+    waiting = asyncio.Event()
+
+    async def progress(value: float, total: float | None, message: str | None) -> None:
+        waiting.set()
+
+    call = asyncio.ensure_future(
+        client.call_tool(
+            "files.write",
+            {"path": "c.txt", "content": "new", "overwrite": True},
+            progress_callback=progress,
+        )
+    )
+    await asyncio.wait_for(waiting.wait(), 60)
+    [row] = host.wait_pending("files.write")
+    call.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await call
+    path = results / f"{row['id']}.json"
+
+    def denied() -> dict[str, Any] | None:
+        """the cancelled call's request is denied"""
+        found = json.loads(path.read_text())
+        return found if found["status"] == "denied" else None
+
+    result = await asyncio.to_thread(eventually, denied)
+    assert result["reason"] == "withdrawn by the agent: the MCP client cancelled the call"
+    assert result["decided_by"] == "agent"
+    assert host.pending("files.write") == []
+    assert (host.exports / "c.txt").read_text() == "old"
+    assert (await client.send_ping()) is not None  # the session goes on
 
 
 async def denied(client: ClientSession, host: Host) -> None:

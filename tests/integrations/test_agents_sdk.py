@@ -1,5 +1,6 @@
-"""docs/mcp.md's recipe: an OpenAI Agents SDK agent whose tools are `outbox mcp`, through
-the SDK's own stdio client (MCPServerStdio), against a real `broker serve` process.
+"""docs/mcp.md's recipe: an OpenAI Agents SDK agent whose tools are `outbox mcp
+--portable-names` (tool names OpenAI's API accepts: `files-write`), through the SDK's
+own stdio client (MCPServerStdio), against a real `broker serve` process.
 
 No model endpoint is reachable here, so the model is a scripted one (the SDK's Model
 interface, two turns: call files.write, then answer with what the tool said); the
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -28,9 +30,11 @@ from openai.types.responses import (
 from tests.integrations import mcp_scenarios as scenario
 from tests.integrations.conftest import CLIENT, Host
 
+OPENAI_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for function names
+
 
 class Scripted(Model):
-    """Turn 1: call files.write; turn 2: repeat the tool's first line as the answer."""
+    """Turn 1: call files-write (files.write); turn 2: repeat the tool's first line."""
 
     def __init__(self) -> None:
         self.seen_tools: list[str] = []
@@ -45,7 +49,7 @@ class Scripted(Model):
             call = ResponseFunctionToolCall(
                 type="function_call",
                 call_id="c1",
-                name="files.write",
+                name="files-write",
                 arguments=json.dumps({"path": "notes/sdk.txt", "content": "from the agent"}),
             )
             return ModelResponse(output=[call], usage=Usage(), response_id=None)
@@ -73,7 +77,7 @@ def test_an_agents_sdk_agent_uses_the_outbox_through_mcp(
     async def run() -> str:
         params = {
             "command": sys.executable,
-            "args": [str(CLIENT), "mcp"],
+            "args": [str(CLIENT), "mcp", "--portable-names"],
             "env": scenario.client_env(outbox, results),
         }
         async with MCPServerStdio(params=params, client_session_timeout_seconds=60) as outbox_mcp:
@@ -82,6 +86,7 @@ def test_an_agents_sdk_agent_uses_the_outbox_through_mcp(
             return str(result.final_output)
 
     answer = asyncio.run(run())
-    assert "files.write" in model.seen_tools and "code.execute" in model.seen_tools
+    assert "files-write" in model.seen_tools and "code-execute" in model.seen_tools
+    assert all(OPENAI_NAME.fullmatch(name) for name in model.seen_tools), model.seen_tools
     assert "applied: applied automatically" in answer, answer
     assert (host.exports / "notes" / "sdk.txt").read_text() == "from the agent"

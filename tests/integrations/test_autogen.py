@@ -188,8 +188,10 @@ def test_cancelling_the_run_mid_approval_withdraws_the_request(
     marker = asyncio.run(run())
     assert not marker.exists()
     [denied] = [e for e in host.audit() if e["event"] == "denied"]
-    assert denied["by"] == "autogen (run cancelled)"
-    assert "withdrawn: the agent's run was cancelled before anyone decided" in denied["reason"]
+    assert denied["by"] == "agent" and denied["withdrawn"] is True
+    assert denied["reason"].startswith(
+        "withdrawn by the agent: the agent's run was cancelled before anyone decided"
+    )
     assert host.pending("code.execute") == []
 
 

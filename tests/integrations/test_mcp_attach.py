@@ -63,6 +63,34 @@ def test_call_waits_for_approval_from_the_cli(attached: dict[str, str], host: Ho
     asyncio.run(run())
 
 
+def test_progress_counts_the_approvals_so_far(
+    host: Host, serve: Callable[..., subprocess.Popen[str]]
+) -> None:
+    """notifications/progress carries the approvals given, the quorum and the deadline."""
+    host.policy(scenario.QUORUM)
+    outbox, results = host.base / "outbox", host.base / "results"
+    outbox.mkdir()
+    serve("--outbox", str(outbox), "--results", str(results), "--sandbox", "agent")
+
+    async def run() -> None:
+        async with scenario.session(SERVER, scenario.client_env(outbox, results)) as client:
+            await scenario.progress_counts_approvals(client, host)
+
+    asyncio.run(run())
+
+
+def test_a_cancelled_call_withdraws_its_waiting_request(
+    attached: dict[str, str], host: Host
+) -> None:
+    """notifications/cancelled once the broker holds the request: denied, withdrawn."""
+
+    async def run() -> None:
+        async with scenario.session(SERVER, attached) as client:
+            await scenario.cancelled_while_waiting(client, host, Path(attached["RESULTS_DIR"]))
+
+    asyncio.run(run())
+
+
 def test_denied_call_carries_the_reason(attached: dict[str, str], host: Host) -> None:
     """A denied call is isError with the policy's reason."""
 
