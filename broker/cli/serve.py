@@ -115,6 +115,7 @@ def _broker(
     """A broker on the attach-mode outbox and/or the sandboxes under the root."""
     from broker.approval.notify import attach as notify
     from broker.intake.outbox import attach
+    from broker.integrations.github_cards import attach_pr_cards
     from broker.loop.pipeline import Broker
 
     broker = Broker(d.cfg, d.registry, d.policy)
@@ -128,6 +129,7 @@ def _broker(
     if root is not None or outbox is None:
         broker.serve_root((root or d.cfg.state_dir) / "sandboxes")
     notify(broker, d.cfg, d.notifier)  # webhooks and Slack, as [notify] says
+    attach_pr_cards(broker, d.cfg)  # the pull request as the card, when approve_in_pr is on
     d.observe(broker)  # the request log; metrics and traces when broker.toml asks
     return broker
 

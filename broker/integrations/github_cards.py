@@ -1,0 +1,211 @@
+"""The pull request is the card: a waiting `github.pull_request.create` is staged as a
+draft pull request on a broker-owned branch, with a bot comment that is the card, and a
+Check Run `broker/approval` on its head; once the request settles, the card is updated
+in place, the thread is told the outcome, the check is completed and the staging
+branch is deleted.
+
+Staging pushes nothing new: the branch is a ref at the head the agent already pushed
+(`git.push` requests, whose commits are only in their bundle, are not staged yet). It
+is created only under `staging_prefix`, never on the request's base, and never in a
+public repository unless `staging_public = true`.
+
+`PrCards.observe` is a results observer (the serving broker's `on_change`); the GitHub
+calls run on its own thread and a failure is logged, never raised into the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from broker.config import Config
+from broker.errors import BrokerError
+from broker.integrations.github_threads import GitHubThreads, Thread, thread_settings
+
+if TYPE_CHECKING:
+    from broker.loop.pipeline import Broker
+    from broker.models import Record
+
+__all__ = ["CHECK_NAME", "PrCards", "attach_pr_cards", "card_markdown"]
+
+log = logging.getLogger("broker.integrations.github")
+CHECK_NAME = "broker/approval"
+FENCE = "~~~~"
+OUTCOMES = {"applied": "success", "denied": "failure", "expired": "failure", "failed": "failure"}
+
+
+def _quoted(text: str) -> str:
+    """The agent's words in a fence it cannot close, with no @-mention that notifies."""
+    safe = str(text).replace(FENCE, "~ ~ ~ ~").replace("@", "@\u200b")
+    return f"{FENCE}text\n{safe}\n{FENCE}"
+
+
+def card_markdown(card: Mapping[str, Any], thread: Thread) -> str:
+    """The card comment: what, where, why it stopped, the deadline, the agent's words
+    (marked as such), the request's sha256, and how to decide."""
+    what = card.get("what") or {}
+    why = card.get("why") or {}
+    late = card.get("if_nobody_answers") or {}
+    have = (card.get("approvals") or {}).get("have") or []
+    need = (card.get("approvals") or {}).get("needed", 1)
+    lines = [
+        f"<!-- broker-card {thread.sha256} -->",
+        f"### Broker approval: `{card.get('effect')}` ({card.get('status')})",
+        "",
+        f"**What**: {what.get('title', '')}",
+        f"**Where**: {card.get('where')}",
+        f"**Why it stopped**: {why.get('rule') or 'its rule'}: {why.get('reason') or ''}",
+        f"**Deadline**: {late.get('expires_at')} (then {late.get('on_timeout')})",
+        f"**Request sha256**: `{thread.sha256}`",
+        f"**Approvals**: {len(have)} of {need}" + (f" ({', '.join(have)})" if have else ""),
+        "",
+        "**The agent's words** (written by the agent, not checked by the broker):",
+        _quoted(str(card.get("agent_reason") or "(none)")),
+        "",
+    ]
+    if thread.branch:
+        lines.append(
+            f"The broker created branch `{thread.branch}` at `{thread.head[:12]}` for this "
+            "review; it is deleted when the request is decided or expires."
+        )
+    if card.get("status") == "pending":
+        lines += [
+            f"To approve: an **Approve** review of commit `{thread.head[:12]}`, or comment "
+            f"`/broker approve {thread.sha256[:16]} [reason]`.",
+            "To deny: comment `/broker deny <reason>` (the agent reads the reason).",
+        ]
+    else:
+        lines.append(f"Decided by {card.get('decided_by') or '-'}: {card.get('reason') or ''}")
+    return "\n".join(lines)
+
+
+class PrCards:
+    """Opens the thread of a waiting request and closes it once the request settles."""
+
+    def __init__(self, threads: GitHubThreads, staging_public: bool = False) -> None:
+        self.threads = threads
+        self.staging_public = staging_public
+        self._queue: queue.Queue[tuple[str, dict[str, Any], Any] | None] = queue.Queue()
+        self._worker = threading.Thread(target=self._run, name="broker-github", daemon=True)
+        self._worker.start()
+
+    def observe(self, ledger: Any, record: Record, registry: Any) -> None:
+        """A results observer: queue the thread's opening or closing."""
+        if record.effect != "github.pull_request.create":
+            return
+        from broker.approval.decisions import card
+
+        if record.state == "pending":
+            self._queue.put(("open", card(ledger, record, registry), record.envelope))
+        elif record.terminal and self.threads.store.by_request(*record.key):
+            self._queue.put(("close", card(ledger, record, registry), record.output))
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._queue.put(None)
+        self._worker.join(timeout)
+        self.threads.close()
+
+    def drain(self, timeout: float = 5.0) -> None:
+        """Wait until every queued opening and closing is done (tests, shutdown)."""
+        done = threading.Event()
+        self._queue.put(("mark", {"event": done}, None))
+        done.wait(timeout)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            what, card, extra = item
+            try:
+                if what == "mark":
+                    card["event"].set()
+                elif what == "open":
+                    self._open(card, extra)
+                else:
+                    self._close(card, extra)
+            except Exception:  # an observer never breaks anything
+                log.exception("the pull request card for %s was not updated", card.get("ref"))
+
+    def _open(self, card: Mapping[str, Any], envelope: Mapping[str, Any]) -> None:
+        sandbox, request_id = str(card["sandbox"]), str(card["id"])
+        if self.threads.store.by_request(sandbox, request_id) is not None:
+            return
+        params = envelope.get("params") or {}
+        repo, head, base = str(params["repo"]), str(params["head"]), str(params["base"])
+        api = self.threads.api
+        if not self.staging_public and not api.call("GET", f"/repos/{repo}").get("private"):
+            log.warning("%s is public: no staging branch (staging_public = false)", repo)
+            return
+        sha = str(api.call("GET", f"/repos/{repo}/git/ref/{_ref(head)}")["object"]["sha"])
+        branch = f"{self.threads.settings.staging_prefix}{request_id}"
+        if branch == base:
+            raise BrokerError(f"the staging branch {branch} would be the request's base")
+        api.call("POST", f"/repos/{repo}/git/refs", {"ref": f"refs/heads/{branch}", "sha": sha})
+        title = str((card.get("what") or {}).get("title") or params.get("title"))
+        body = "Staged by the broker for approval; the card is the first comment."
+        pull = api.call(
+            "POST",
+            f"/repos/{repo}/pulls",
+            {"title": f"[broker] {title}", "head": branch, "base": base, "draft": True, "body": body},
+        )
+        thread = Thread(sandbox, request_id, str(card["request_sha256"]), repo, pull["number"], sha, 0, None, branch)
+        comment = api.reply(repo, thread.number, card_markdown(card, thread))
+        check = api.call(
+            "POST",
+            f"/repos/{repo}/check-runs",
+            {"name": CHECK_NAME, "head_sha": sha, "status": "queued", "output": _check_output(card)},
+        )
+        self.threads.store.add(
+            Thread(sandbox, request_id, thread.sha256, repo, thread.number, sha, comment["id"], check["id"], branch)
+        )
+
+    def _close(self, card: Mapping[str, Any], output: Any) -> None:
+        thread = self.threads.store.by_request(str(card["sandbox"]), str(card["id"]))
+        assert thread is not None
+        api, state = self.threads.api, str(card["status"])
+        api.edit_comment(thread.repo, thread.card_comment, card_markdown(card, thread))
+        if thread.check_run is not None and state in OUTCOMES:
+            api.call(
+                "PATCH",
+                f"/repos/{thread.repo}/check-runs/{thread.check_run}",
+                {"status": "completed", "conclusion": OUTCOMES[state], "output": _check_output(card)},
+            )
+        api.reply(thread.repo, thread.number, _outcome(card, output))
+        api.call("PATCH", f"/repos/{thread.repo}/pulls/{thread.number}", {"state": "closed"})
+        if thread.branch:
+            api.call("DELETE", f"/repos/{thread.repo}/git/refs/{_ref(thread.branch)}")
+
+
+def _ref(branch: str) -> str:
+    """A branch as the refs endpoints take it: `heads/NAME`, as one path segment."""
+    return quote(f"heads/{branch}", safe="")
+
+
+def _check_output(card: Mapping[str, Any]) -> dict[str, str]:
+    return {
+        "title": f"request {str(card['request_sha256'])[:12]}: {card['status']}",
+        "summary": f"{card['effect']} {card['ref']}: {card.get('reason') or 'waiting for a person'}",
+    }
+
+
+def _outcome(card: Mapping[str, Any], output: Any) -> str:
+    state = str(card["status"])
+    if state == "applied":
+        url = output.get("url") or output.get("html_url") if isinstance(output, Mapping) else None
+        return f"**Applied**: {url or 'done'}. The staging branch is deleted."
+    if state == "expired":
+        return f"**Expired**: nobody decided in time ({card.get('reason') or ''})."
+    return f"**{state.capitalize()}**: {card.get('reason') or ''}. The staging branch is deleted."
+
+
+def attach_pr_cards(broker: Broker, config: Config) -> PrCards | None:
+    """Open pull request cards for `broker`'s waiting requests, as [integrations.github] says."""
+    settings = thread_settings(config)
+    if settings is None:
+        return None
+    table = config.integrations.get("github") or {}
+    cards = PrCards(GitHubThreads(settings), bool(table.get("staging_public", False)))
+    broker.on_change.append(lambda record: cards.observe(broker.ledger, record, broker.registry))
+    return cards
