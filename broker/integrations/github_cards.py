@@ -148,17 +148,48 @@ class PrCards:
         pull = api.call(
             "POST",
             f"/repos/{repo}/pulls",
-            {"title": f"[broker] {title}", "head": branch, "base": base, "draft": True, "body": body},
+            {
+                "title": f"[broker] {title}",
+                "head": branch,
+                "base": base,
+                "draft": True,
+                "body": body,
+            },
         )
-        thread = Thread(sandbox, request_id, str(card["request_sha256"]), repo, pull["number"], sha, 0, None, branch)
+        thread = Thread(
+            sandbox,
+            request_id,
+            str(card["request_sha256"]),
+            repo,
+            pull["number"],
+            sha,
+            0,
+            None,
+            branch,
+        )
         comment = api.reply(repo, thread.number, card_markdown(card, thread))
         check = api.call(
             "POST",
             f"/repos/{repo}/check-runs",
-            {"name": CHECK_NAME, "head_sha": sha, "status": "queued", "output": _check_output(card)},
+            {
+                "name": CHECK_NAME,
+                "head_sha": sha,
+                "status": "queued",
+                "output": _check_output(card),
+            },
         )
         self.threads.store.add(
-            Thread(sandbox, request_id, thread.sha256, repo, thread.number, sha, comment["id"], check["id"], branch)
+            Thread(
+                sandbox,
+                request_id,
+                thread.sha256,
+                repo,
+                thread.number,
+                sha,
+                comment["id"],
+                check["id"],
+                branch,
+            )
         )
 
     def _close(self, card: Mapping[str, Any], output: Any) -> None:
@@ -170,7 +201,11 @@ class PrCards:
             api.call(
                 "PATCH",
                 f"/repos/{thread.repo}/check-runs/{thread.check_run}",
-                {"status": "completed", "conclusion": OUTCOMES[state], "output": _check_output(card)},
+                {
+                    "status": "completed",
+                    "conclusion": OUTCOMES[state],
+                    "output": _check_output(card),
+                },
             )
         api.reply(thread.repo, thread.number, _outcome(card, output))
         api.call("PATCH", f"/repos/{thread.repo}/pulls/{thread.number}", {"state": "closed"})
@@ -186,7 +221,7 @@ def _ref(branch: str) -> str:
 def _check_output(card: Mapping[str, Any]) -> dict[str, str]:
     return {
         "title": f"request {str(card['request_sha256'])[:12]}: {card['status']}",
-        "summary": f"{card['effect']} {card['ref']}: {card.get('reason') or 'waiting for a person'}",
+        "summary": f"{card['effect']} {card['ref']}: {card.get('reason') or 'waiting'}",
     }
 
 

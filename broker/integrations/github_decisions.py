@@ -122,7 +122,9 @@ class PrDecider:
             if command.verdict == "approve":
                 _matches(command.prefix, thread.sha256)
             if command.verdict == "deny" and not reason:
-                raise Refusal("a denial needs a reason (`/broker deny <reason>`): the agent reads it")
+                raise Refusal(
+                    "a denial needs a reason (`/broker deny <reason>`): the agent reads it"
+                )
         self._head_unmoved(thread)
         approver = self.threads.settings.users[event.login.casefold()]
         return Ballot(thread.ref, verdict, approver, reason, "github", thread.sha256)

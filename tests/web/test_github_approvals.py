@@ -163,7 +163,9 @@ def test_an_approve_review_at_the_pushed_head_applies_once(stack: Stack) -> None
     rid, thread = stack.waiting()
     made = stack.hub.review_as("alice-gh", thread.number, thread.head)
     body, headers = delivery(SECRET, "pull_request_review", review_payload(REPO, made))
-    assert httpx.post(f"{stack.url}/github/webhook", content=body, headers=headers).status_code == 200
+    assert (
+        httpx.post(f"{stack.url}/github/webhook", content=body, headers=headers).status_code == 200
+    )
     result = stack.harness.wait(rid)
     assert result["status"] == "applied"
     replay = httpx.post(f"{stack.url}/github/webhook", content=body, headers=headers)
@@ -216,7 +218,10 @@ def test_a_command_that_may_not_decide_is_refused_in_the_thread(
     """A wrong prefix, read access, the agent's own account or a Bot, a missing prefix
     or reason: refused, answered in the thread, and the request still waits."""
     rid, thread = stack.waiting()
-    assert stack.comment(thread, login, body.format(prefix=thread.sha256[:16]), kind).status_code == 200
+    assert (
+        stack.comment(thread, login, body.format(prefix=thread.sha256[:16]), kind).status_code
+        == 200
+    )
     [answer] = [r for r in stack.replies(thread) if r.startswith("**Refused**")]
     assert why in answer
     assert stack.status(rid) == "pending"
@@ -229,7 +234,9 @@ def test_an_edited_comment_decides_nothing(stack: Stack) -> None:
     first = stack.hub.comment_as("alice-gh", REPO, thread.number, "looks fine")
     edited = stack.hub.edit(REPO, first["id"], f"/broker approve {thread.sha256[:16]}")
     stack.send("issue_comment", comment_payload(REPO, edited, "edited"))
-    second = stack.hub.comment_as("bob-gh", REPO, thread.number, f"/broker approve {thread.sha256[:16]}")
+    second = stack.hub.comment_as(
+        "bob-gh", REPO, thread.number, f"/broker approve {thread.sha256[:16]}"
+    )
     payload = comment_payload(REPO, dict(second))
     stack.hub.edit(REPO, second["id"], "/broker approve something else")
     stack.send("issue_comment", payload)
@@ -242,13 +249,19 @@ def test_a_forged_or_replayed_delivery_is_refused(stack: Stack) -> None:
     """A delivery signed with another secret is a 401 before it is read; the same
     delivery sent twice decides once."""
     rid, thread = stack.waiting()
-    made = stack.hub.comment_as("alice-gh", REPO, thread.number, f"/broker approve {thread.sha256[:16]}")
+    made = stack.hub.comment_as(
+        "alice-gh", REPO, thread.number, f"/broker approve {thread.sha256[:16]}"
+    )
     forged = stack.send("issue_comment", comment_payload(REPO, made), secret="not-the-secret")
     assert forged.status_code == 401 and forged.json()["error"]["code"] == "bad_signature"
     assert stack.status(rid) == "pending"
     body, headers = delivery(SECRET, "issue_comment", comment_payload(REPO, made))
-    assert httpx.post(f"{stack.url}/github/webhook", content=body, headers=headers).status_code == 200
-    assert httpx.post(f"{stack.url}/github/webhook", content=body, headers=headers).status_code == 409
+    assert (
+        httpx.post(f"{stack.url}/github/webhook", content=body, headers=headers).status_code == 200
+    )
+    assert (
+        httpx.post(f"{stack.url}/github/webhook", content=body, headers=headers).status_code == 409
+    )
     assert stack.harness.wait(rid)["status"] == "applied"
 
 

@@ -103,7 +103,9 @@ class ReviewingGitHub(FakeGitHub):
     def _repo(self, full_name: str) -> Repo:
         return self.repos[full_name.lower()]
 
-    def comment_as(self, login: str, full_name: str, number: int, body: str, kind: str = "User") -> dict[str, Any]:
+    def comment_as(
+        self, login: str, full_name: str, number: int, body: str, kind: str = "User"
+    ) -> dict[str, Any]:
         """`login` comments on the thread; returns the comment as the API shows it."""
         with self._lock:
             repo, cid, now = self._repo(full_name), self._id(), _stamp()
@@ -125,7 +127,9 @@ class ReviewingGitHub(FakeGitHub):
             comment.update(body=body, updated_at="2099-01-01T00:00:00Z")
             return comment
 
-    def review_as(self, login: str, number: int, commit_id: str, state: str = "APPROVED", kind: str = "User") -> dict[str, Any]:
+    def review_as(
+        self, login: str, number: int, commit_id: str, state: str = "APPROVED", kind: str = "User"
+    ) -> dict[str, Any]:
         with self._lock:
             rid = self._id()
             review = {
@@ -166,7 +170,9 @@ def delivery(secret: str, event: str, payload: dict[str, Any]) -> tuple[bytes, d
     }
 
 
-def comment_payload(full_name: str, comment: dict[str, Any], action: str = "created") -> dict[str, Any]:
+def comment_payload(
+    full_name: str, comment: dict[str, Any], action: str = "created"
+) -> dict[str, Any]:
     return {
         "action": action,
         "repository": {"full_name": full_name},
