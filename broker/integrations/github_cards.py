@@ -19,12 +19,12 @@ import logging
 import queue
 import threading
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 from broker.config import Config
 from broker.errors import BrokerError
-from broker.integrations.github_threads import GitHubThreads, Thread, thread_settings
+from broker.integrations.github_threads import CHECK_NAME, GitHubThreads, Thread, thread_settings
 
 if TYPE_CHECKING:
     from broker.loop.pipeline import Broker
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 __all__ = ["CHECK_NAME", "PrCards", "attach_pr_cards", "card_markdown"]
 
 log = logging.getLogger("broker.integrations.github")
-CHECK_NAME = "broker/approval"
 FENCE = "~~~~"
 OUTCOMES = {"applied": "success", "denied": "failure", "expired": "failure", "failed": "failure"}
 
@@ -135,62 +134,22 @@ class PrCards:
         params = envelope.get("params") or {}
         repo, head, base = str(params["repo"]), str(params["head"]), str(params["base"])
         api = self.threads.api
-        if not self.staging_public and not api.call("GET", f"/repos/{repo}").get("private"):
+        if not self.staging_public and not api.private(repo):
             log.warning("%s is public: no staging branch (staging_public = false)", repo)
             return
-        sha = str(api.call("GET", f"/repos/{repo}/git/ref/{_ref(head)}")["object"]["sha"])
+        sha = api.branch_sha(repo, head)
         branch = f"{self.threads.settings.staging_prefix}{request_id}"
         if branch == base:
             raise BrokerError(f"the staging branch {branch} would be the request's base")
-        api.call("POST", f"/repos/{repo}/git/refs", {"ref": f"refs/heads/{branch}", "sha": sha})
+        api.create_branch(repo, branch, sha)
         title = str((card.get("what") or {}).get("title") or params.get("title"))
         body = "Staged by the broker for approval; the card is the first comment."
-        pull = api.call(
-            "POST",
-            f"/repos/{repo}/pulls",
-            {
-                "title": f"[broker] {title}",
-                "head": branch,
-                "base": base,
-                "draft": True,
-                "body": body,
-            },
-        )
-        thread = Thread(
-            sandbox,
-            request_id,
-            str(card["request_sha256"]),
-            repo,
-            pull["number"],
-            sha,
-            0,
-            None,
-            branch,
-        )
-        comment = api.reply(repo, thread.number, card_markdown(card, thread))
-        check = api.call(
-            "POST",
-            f"/repos/{repo}/check-runs",
-            {
-                "name": CHECK_NAME,
-                "head_sha": sha,
-                "status": "queued",
-                "output": _check_output(card),
-            },
-        )
-        self.threads.store.add(
-            Thread(
-                sandbox,
-                request_id,
-                thread.sha256,
-                repo,
-                thread.number,
-                sha,
-                comment["id"],
-                check["id"],
-                branch,
-            )
-        )
+        number = api.draft(repo, branch, base, f"[broker] {title}", body)
+        sha256 = str(card["request_sha256"])
+        shown = Thread(sandbox, request_id, sha256, repo, number, sha, 0, None, branch)
+        comment = api.reply(repo, number, card_markdown(card, shown))
+        check = api.check_run(repo, sha, _check_output(card))
+        self.threads.store.add(replace(shown, card_comment=int(comment["id"]), check_run=check))
 
     def _close(self, card: Mapping[str, Any], output: Any) -> None:
         thread = self.threads.store.by_request(str(card["sandbox"]), str(card["id"]))
@@ -198,24 +157,11 @@ class PrCards:
         api, state = self.threads.api, str(card["status"])
         api.edit_comment(thread.repo, thread.card_comment, card_markdown(card, thread))
         if thread.check_run is not None and state in OUTCOMES:
-            api.call(
-                "PATCH",
-                f"/repos/{thread.repo}/check-runs/{thread.check_run}",
-                {
-                    "status": "completed",
-                    "conclusion": OUTCOMES[state],
-                    "output": _check_output(card),
-                },
-            )
+            api.complete_check(thread.repo, thread.check_run, OUTCOMES[state], _check_output(card))
         api.reply(thread.repo, thread.number, _outcome(card, output))
-        api.call("PATCH", f"/repos/{thread.repo}/pulls/{thread.number}", {"state": "closed"})
+        api.close_pull(thread.repo, thread.number)
         if thread.branch:
-            api.call("DELETE", f"/repos/{thread.repo}/git/refs/{_ref(thread.branch)}")
-
-
-def _ref(branch: str) -> str:
-    """A branch as the refs endpoints take it: `heads/NAME`, as one path segment."""
-    return quote(f"heads/{branch}", safe="")
+            api.delete_branch(thread.repo, thread.branch)
 
 
 def _check_output(card: Mapping[str, Any]) -> dict[str, str]:

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -33,10 +34,19 @@ from broker.config import Config
 from broker.errors import ConfigError, EffectFailed
 from broker.settings import resolve_secret
 
-__all__ = ["GitHubThreads", "Thread", "ThreadApi", "ThreadSettings", "ThreadStore"]
+__all__ = [
+    "CHECK_NAME",
+    "THREAD_CALLS",
+    "GitHubThreads",
+    "Thread",
+    "ThreadApi",
+    "ThreadSettings",
+    "ThreadStore",
+]
 
 APPROVAL_EFFECTS = frozenset({"git.push", "github.pull_request.create"})
 WRITE_PERMISSIONS = frozenset({"admin", "maintain", "write"})
+CHECK_NAME = "broker/approval"
 
 
 @dataclass(frozen=True)
@@ -98,7 +108,7 @@ class ThreadApi:
             timeout=timeout,
             headers={
                 "Authorization": f"Bearer {settings.token}",
-                "Accept": "application/vnd.github+json",
+                "Accept": "application/json",
                 "X-GitHub-Api-Version": "2022-11-28",
                 "User-Agent": "sandbox-outbox-broker",
             },
@@ -137,6 +147,66 @@ class ThreadApi:
 
     def head(self, repo: str, number: int) -> str:
         return str(self.call("GET", f"/repos/{repo}/pulls/{number}")["head"]["sha"])
+
+    def private(self, repo: str) -> bool:
+        return bool(self.call("GET", f"/repos/{repo}").get("private"))
+
+    def branch_sha(self, repo: str, branch: str) -> str:
+        return str(self.call("GET", f"/repos/{repo}/git/ref/{_ref(branch)}")["object"]["sha"])
+
+    def create_branch(self, repo: str, branch: str, sha: str) -> None:
+        self.call("POST", f"/repos/{repo}/git/refs", {"ref": f"refs/heads/{branch}", "sha": sha})
+
+    def delete_branch(self, repo: str, branch: str) -> None:
+        self.call("DELETE", f"/repos/{repo}/git/refs/{_ref(branch)}")
+
+    def draft(self, repo: str, head: str, base: str, title: str, body: str) -> int:
+        fields = {"title": title, "head": head, "base": base, "draft": True, "body": body}
+        return int(self.call("POST", f"/repos/{repo}/pulls", fields)["number"])
+
+    def close_pull(self, repo: str, number: int) -> None:
+        self.call("PATCH", f"/repos/{repo}/pulls/{number}", {"state": "closed"})
+
+    def check_run(self, repo: str, sha: str, output: Mapping[str, str]) -> int:
+        body = {"name": CHECK_NAME, "head_sha": sha, "status": "queued", "output": dict(output)}
+        return int(self.call("POST", f"/repos/{repo}/check-runs", body)["id"])
+
+    def complete_check(
+        self, repo: str, run: int, conclusion: str, output: Mapping[str, str]
+    ) -> None:
+        body = {"status": "completed", "conclusion": conclusion, "output": dict(output)}
+        self.call("PATCH", f"/repos/{repo}/check-runs/{run}", body)
+
+    def comments(self, repo: str, number: int) -> list[dict[str, Any]]:
+        return list(self.call("GET", f"/repos/{repo}/issues/{number}/comments?per_page=100"))
+
+    def reviews(self, repo: str, number: int) -> list[dict[str, Any]]:
+        return list(self.call("GET", f"/repos/{repo}/pulls/{number}/reviews?per_page=100"))
+
+
+THREAD_CALLS = {
+    "permission": ("GET", "/repos/{owner}/{repo}/collaborators/{username}/permission"),
+    "comment": ("GET", "/repos/{owner}/{repo}/issues/comments/{comment_id}"),
+    "reply": ("POST", "/repos/{owner}/{repo}/issues/{issue_number}/comments"),
+    "edit_comment": ("PATCH", "/repos/{owner}/{repo}/issues/comments/{comment_id}"),
+    "head": ("GET", "/repos/{owner}/{repo}/pulls/{pull_number}"),
+    "private": ("GET", "/repos/{owner}/{repo}"),
+    "branch_sha": ("GET", "/repos/{owner}/{repo}/git/ref/{ref}"),
+    "create_branch": ("POST", "/repos/{owner}/{repo}/git/refs"),
+    "delete_branch": ("DELETE", "/repos/{owner}/{repo}/git/refs/{ref}"),
+    "draft": ("POST", "/repos/{owner}/{repo}/pulls"),
+    "close_pull": ("PATCH", "/repos/{owner}/{repo}/pulls/{pull_number}"),
+    "check_run": ("POST", "/repos/{owner}/{repo}/check-runs"),
+    "complete_check": ("PATCH", "/repos/{owner}/{repo}/check-runs/{check_run_id}"),
+    "comments": ("GET", "/repos/{owner}/{repo}/issues/{issue_number}/comments"),
+    "reviews": ("GET", "/repos/{owner}/{repo}/pulls/{pull_number}/reviews"),
+}
+"""ThreadApi's method → (verb, OpenAPI path): the tests send each through Prism."""
+
+
+def _ref(branch: str) -> str:
+    """A branch as the refs endpoints take it: `heads/NAME`, as one path segment."""
+    return quote(f"heads/{branch}", safe="")
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ class ReviewingGitHub(FakeGitHub):
             ("GET", f"{r}/collaborators/{{username}}/permission", self._permission),
             ("GET", f"{r}/issues/comments/{{comment_id}}", self._get_comment),
             ("PATCH", f"{r}/issues/comments/{{comment_id}}", self._edit_comment),
+            ("GET", f"{r}/issues/{{issue_number}}/comments", self._list_comments),
             ("GET", f"{r}/pulls/{{pull_number}}/reviews", self._list_reviews),
             ("POST", f"{r}/check-runs", self._create_check),
             ("PATCH", f"{r}/check-runs/{{check_run_id}}", self._update_check),
@@ -78,6 +79,10 @@ class ReviewingGitHub(FakeGitHub):
             return 404, {"message": "Not Found"}
         comment.update(body=str(body.get("body", "")), updated_at=_stamp())
         return 200, comment
+
+    def _list_comments(self, repo: Repo, p: dict[str, str], q: dict[str, str], body: Any) -> Reply:
+        number = int(p["issue_number"])
+        return 200, [c for c in repo.comments.values() if c["number"] == number]
 
     def _list_reviews(self, repo: Repo, p: dict[str, str], q: dict[str, str], body: Any) -> Reply:
         number = int(p["pull_number"])
