@@ -18,13 +18,18 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from broker.approval.decisions import Ballot, Tally, decide_and_wake
+from broker.clock import parse_duration
 from broker.config import Config
 from broker.errors import BrokerError
+from broker.integrations.github_decisions import PrDecider
+from broker.integrations.github_poll import Poller
 from broker.integrations.github_threads import CHECK_NAME, GitHubThreads, Thread, thread_settings
+from broker.store.factory import open_store
 
 if TYPE_CHECKING:
     from broker.loop.pipeline import Broker
@@ -88,6 +93,7 @@ class PrCards:
     def __init__(self, threads: GitHubThreads, staging_public: bool = False) -> None:
         self.threads = threads
         self.staging_public = staging_public
+        self.poller: Poller | None = None  # when [integrations.github] poll_interval is set
         self._queue: queue.Queue[tuple[str, dict[str, Any], Any] | None] = queue.Queue()
         self._worker = threading.Thread(target=self._run, name="broker-github", daemon=True)
         self._worker.start()
@@ -104,6 +110,9 @@ class PrCards:
             self._queue.put(("close", card(ledger, record, registry), record.output))
 
     def close(self, timeout: float = 5.0) -> None:
+        if self.poller is not None:
+            self.poller.stop(timeout)
+            self.poller.decider.threads.close()
         self._queue.put(None)
         self._worker.join(timeout)
         self.threads.close()
@@ -154,6 +163,7 @@ class PrCards:
     def _close(self, card: Mapping[str, Any], output: Any) -> None:
         thread = self.threads.store.by_request(str(card["sandbox"]), str(card["id"]))
         assert thread is not None
+        self.threads.store.close_thread(thread.sandbox, thread.request_id)
         api, state = self.threads.api, str(card["status"])
         api.edit_comment(thread.repo, thread.card_comment, card_markdown(card, thread))
         if thread.check_run is not None and state in OUTCOMES:
@@ -189,4 +199,21 @@ def attach_pr_cards(broker: Broker, config: Config) -> PrCards | None:
     table = config.integrations.get("github") or {}
     cards = PrCards(GitHubThreads(settings), bool(table.get("staging_public", False)))
     broker.on_change.append(lambda record: cards.observe(broker.ledger, record, broker.registry))
+    if table.get("poll_interval") is not None:
+        interval = parse_duration(table["poll_interval"])
+        cards.poller = Poller(PrDecider(GitHubThreads(settings), _decider(config)), interval)
+        cards.poller.start()
     return cards
+
+
+def _decider(config: Config) -> Callable[[Ballot], Tally]:
+    """The CLI's decision path, on a ledger connection of its own per decision."""
+
+    def decide(ballot: Ballot) -> Tally:
+        ledger = open_store(config)
+        try:
+            return decide_and_wake(config, ledger, ballot)
+        finally:
+            ledger.close()
+
+    return decide

@@ -65,10 +65,15 @@ class Event:
     login: str
     user_type: str  # User | Bot
     body: str
-    comment_id: int | None = None
+    comment_id: int | None = None  # or the review's id
     action: str = "created"  # comment: created | edited; review: submitted
     review_state: str | None = None  # APPROVED | CHANGES_REQUESTED | COMMENTED
     commit_id: str | None = None
+
+    @property
+    def key(self) -> str:
+        """What makes it one: a comment's first writing and each edit are looked at once."""
+        return f"{self.kind}:{self.comment_id}:{self.action}"
 
 
 class Refusal(Exception):
@@ -85,8 +90,10 @@ class PrDecider:
     def handle(self, event: Event) -> str | None:
         """Decide on `event`; the answer posted in the thread (None: nothing to answer)."""
         thread = self.threads.store.by_pull(event.repo, event.number)
-        if thread is None:
+        if thread is None or self.threads.store.closed(thread.sandbox, thread.request_id):
             return None
+        if event.comment_id and not self.threads.store.first_look(event.key):
+            return None  # the webhook and the poller both saw it: it is looked at once
         try:
             ballot = self._ballot(thread, event)
             if ballot is None:

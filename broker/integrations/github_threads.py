@@ -235,6 +235,9 @@ CREATE TABLE IF NOT EXISTS threads (
 CREATE UNIQUE INDEX IF NOT EXISTS threads_pr ON threads (repo, number);
 CREATE TABLE IF NOT EXISTS taken (comment_id INTEGER PRIMARY KEY, body_sha256 TEXT, at REAL);
 CREATE TABLE IF NOT EXISTS deliveries (id TEXT PRIMARY KEY, at REAL);
+CREATE TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY, at REAL);
+CREATE TABLE IF NOT EXISTS closed (
+  sandbox TEXT, request_id TEXT, PRIMARY KEY (sandbox, request_id));
 """
 
 
@@ -296,14 +299,38 @@ class ThreadStore:
             self._db.execute("INSERT INTO taken VALUES (?,?,?)", (comment_id, digest, time.time()))
         return None
 
-    def first_delivery(self, delivery: str) -> bool:
-        """True the first time a webhook delivery id is seen; a replay is False."""
+    def first_look(self, key: str) -> bool:
+        """True the first time a comment or review (`comment:ID:ACTION`) is looked at."""
+        return self._first("seen", key)
+
+    def looked(self, key: str) -> bool:
+        with self._lock:
+            return (
+                self._db.execute("SELECT 1 FROM seen WHERE key = ?", (key,)).fetchone() is not None
+            )
+
+    def close_thread(self, sandbox: str, request_id: str) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR IGNORE INTO closed VALUES (?,?)", (sandbox, request_id))
+
+    def closed(self, sandbox: str, request_id: str) -> bool:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT 1 FROM closed WHERE sandbox = ? AND request_id = ?", (sandbox, request_id)
+            ).fetchone()
+        return row is not None
+
+    def _first(self, table: str, key: str) -> bool:
         with self._lock:
             try:
-                self._db.execute("INSERT INTO deliveries VALUES (?,?)", (delivery, time.time()))
+                self._db.execute(f"INSERT INTO {table} VALUES (?,?)", (key, time.time()))
             except sqlite3.IntegrityError:
                 return False
         return True
+
+    def first_delivery(self, delivery: str) -> bool:
+        """True the first time a webhook delivery id is seen; a replay is False."""
+        return self._first("deliveries", delivery)
 
 
 class GitHubThreads:

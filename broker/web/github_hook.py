@@ -53,6 +53,8 @@ def event_of(kind: str, payload: dict[str, Any]) -> Event | None:
             str(user.get("login") or ""),
             str(user.get("type") or "User"),
             str(review.get("body") or ""),
+            int(review.get("id") or 0) or None,
+            "submitted",
             review_state=str(review.get("state") or "").upper(),
             commit_id=str(review.get("commit_id") or ""),
         )

@@ -42,6 +42,7 @@ CONFIG_KEYS = frozenset(
         "agent_logins",
         "webhook_secret_env",
         "webhook_secret_file",
+        "poll_interval",
     }
 )
 APP_TOKEN_CALL = ("POST", "/app/installations/{installation_id}/access_tokens")

@@ -7,6 +7,7 @@ quorum across GitHub and the CLI, and the `broker/approval` check run's states."
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -101,12 +102,9 @@ class Stack:
             ledger.close()
 
 
-@pytest.fixture
-def stack(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, served: tuple[Switch, WebServer]
-) -> Iterator[Stack]:
-    monkeypatch.setenv(TOKEN_ENV, TOKEN)
-    monkeypatch.setenv(SECRET_ENV, SECRET)
+@contextmanager
+def serving(tmp_path: Path, served: tuple[Switch, WebServer], **overrides: Any) -> Iterator[Stack]:
+    """The stand-in with acme/api (private), a serving broker, its web app plugged in."""
     remote = tmp_path / "api.git"
     seed_repo(remote, SEED)
     commit_on(remote, "agent/fix", {"src/app.py": b"x = 2\n"}, start="main")
@@ -123,13 +121,21 @@ def stack(
             "approve_in_pr": True,
             "agent_logins": ["agent-bot"],
             "webhook_secret_env": SECRET_ENV,
+            **overrides,
         }
+        github = {k: v for k, v in github.items() if v is not None}
         harness = BrokerHarness(
             tmp_path / "h", policy=POLICY, integrations={"github": github}, clock=FakeClock()
         )
         config = replace(harness.config, approvers=APPROVERS)
         attached: list[PrCards] = []
-        harness.prepare = lambda broker: attached.append(attach_pr_cards(broker, config))  # type: ignore[arg-type]
+
+        def prepare(broker: Any) -> None:
+            cards = attach_pr_cards(broker, config)
+            assert cards is not None
+            attached.append(cards)
+
+        harness.prepare = prepare
         with harness:
             switch, server = served
             app = create_app(config, harness.registry)
@@ -139,8 +145,20 @@ def stack(
             finally:
                 switch.app = None
                 app.state.inbox.close()
-                app.state.github.threads.close()
+                if app.state.github is not None:
+                    app.state.github.threads.close()
                 attached[0].close()
+
+
+@pytest.fixture
+def stack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, served: tuple[Switch, WebServer]
+) -> Iterator[Stack]:
+    """Webhooks on: GitHub's deliveries reach the web server."""
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    with serving(tmp_path, served) as running:
+        yield running
 
 
 def test_the_draft_pull_request_is_the_card(stack: Stack) -> None:
@@ -300,3 +318,22 @@ def test_the_check_run_fails_on_deny_and_on_expiry(stack: Stack) -> None:
         run = int(str(thread.check_run))
         eventually(lambda run=run: stack.hub.check_runs[run]["history"] == ["queued", "failure"])
     eventually(lambda: not _branch(stack, denied) and not _branch(stack, expired))
+
+
+def test_polling_with_webhooks_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, served: tuple[Switch, WebServer]
+) -> None:
+    """No webhook secret, a poll_interval: the webhook is not served; an edited comment
+    is refused once, and a comment approving at the right prefix applies the request."""
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    with serving(tmp_path, served, webhook_secret_env=None, poll_interval="1s") as stack:
+        rid, thread = stack.waiting()
+        assert stack.send("issue_comment", {}).status_code == 404
+        edited = stack.hub.comment_as("bob-gh", REPO, thread.number, "/broker deny nope")
+        stack.hub.edit(REPO, edited["id"], "/broker deny changed my mind")
+        stack.hub.comment_as(
+            "alice-gh", REPO, thread.number, f"/broker approve {thread.sha256[:16]}"
+        )
+        assert stack.harness.wait(rid, timeout=30)["status"] == "applied"
+        refused = [r for r in stack.replies(thread) if r.startswith("**Refused**")]
+        assert len(refused) == 1 and "was edited" in refused[0]
