@@ -192,7 +192,7 @@ def test_an_approve_review_at_the_pushed_head_applies_once(stack: Stack) -> None
     real = [p for p in stack.hub.pulls(REPO) if p["head"] == "agent/fix"]
     assert len(real) == 1  # the handler opened the agent's PR, once
     assert any(r.startswith("**Approved** by alice") for r in stack.replies(thread))
-    eventually(lambda: any(r.startswith("**Applied**") for r in stack.replies(thread)))
+    eventually(lambda: any(r.startswith("**Applied**: http") for r in stack.replies(thread)))
     assert stack.hub.thread(REPO, thread.number)["state"] == "closed"
     assert eventually(lambda: stack.hub.check_runs and not _branch(stack, rid))
 
