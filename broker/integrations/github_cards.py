@@ -26,7 +26,7 @@ from broker.approval.decisions import Ballot, Tally, decide_and_wake
 from broker.clock import parse_duration
 from broker.config import Config
 from broker.errors import BrokerError
-from broker.integrations.github_decisions import PrDecider
+from broker.integrations.github_decisions import PrDecider, card_markdown
 from broker.integrations.github_poll import Poller
 from broker.integrations.github_threads import CHECK_NAME, GitHubThreads, Thread, thread_settings
 from broker.store.factory import open_store
@@ -38,53 +38,7 @@ if TYPE_CHECKING:
 __all__ = ["CHECK_NAME", "PrCards", "attach_pr_cards", "card_markdown"]
 
 log = logging.getLogger("broker.integrations.github")
-FENCE = "~~~~"
 OUTCOMES = {"applied": "success", "denied": "failure", "expired": "failure", "failed": "failure"}
-
-
-def _quoted(text: str) -> str:
-    """The agent's words in a fence it cannot close, with no @-mention that notifies."""
-    safe = str(text).replace(FENCE, "~ ~ ~ ~").replace("@", "@\u200b")
-    return f"{FENCE}text\n{safe}\n{FENCE}"
-
-
-def card_markdown(card: Mapping[str, Any], thread: Thread) -> str:
-    """The card comment: what, where, why it stopped, the deadline, the agent's words
-    (marked as such), the request's sha256, and how to decide."""
-    what = card.get("what") or {}
-    why = card.get("why") or {}
-    late = card.get("if_nobody_answers") or {}
-    have = (card.get("approvals") or {}).get("have") or []
-    need = (card.get("approvals") or {}).get("needed", 1)
-    lines = [
-        f"<!-- broker-card {thread.sha256} -->",
-        f"### Broker approval: `{card.get('effect')}` ({card.get('status')})",
-        "",
-        f"**What**: {what.get('title', '')}",
-        f"**Where**: {card.get('where')}",
-        f"**Why it stopped**: {why.get('rule') or 'its rule'}: {why.get('reason') or ''}",
-        f"**Deadline**: {late.get('expires_at')} (then {late.get('on_timeout')})",
-        f"**Request sha256**: `{thread.sha256}`",
-        f"**Approvals**: {len(have)} of {need}" + (f" ({', '.join(have)})" if have else ""),
-        "",
-        "**The agent's words** (written by the agent, not checked by the broker):",
-        _quoted(str(card.get("agent_reason") or "(none)")),
-        "",
-    ]
-    if thread.branch:
-        lines.append(
-            f"The broker created branch `{thread.branch}` at `{thread.head[:12]}` for this "
-            "review; it is deleted when the request is decided or expires."
-        )
-    if card.get("status") == "pending":
-        lines += [
-            f"To approve: an **Approve** review of commit `{thread.head[:12]}`, or comment "
-            f"`/broker approve {thread.sha256[:16]} [reason]`.",
-            "To deny: comment `/broker deny <reason>` (the agent reads the reason).",
-        ]
-    else:
-        lines.append(f"Decided by {card.get('decided_by') or '-'}: {card.get('reason') or ''}")
-    return "\n".join(lines)
 
 
 class PrCards:
@@ -201,9 +155,28 @@ def attach_pr_cards(broker: Broker, config: Config) -> PrCards | None:
     broker.on_change.append(lambda record: cards.observe(broker.ledger, record, broker.registry))
     if table.get("poll_interval") is not None:
         interval = parse_duration(table["poll_interval"])
-        cards.poller = Poller(PrDecider(GitHubThreads(settings), _decider(config)), interval)
+        decider = PrDecider(GitHubThreads(settings), _decider(config), _card_of(broker))
+        cards.poller = Poller(decider, interval)
         cards.poller.start()
     return cards
+
+
+def _card_of(broker: Broker) -> Callable[[str, str], Mapping[str, Any]]:
+    """The ledger's card of a request, on a connection of the poller's own."""
+
+    def card_of(sandbox: str, request_id: str) -> Mapping[str, Any]:
+        from broker.approval.decisions import card
+
+        ledger = open_store(broker.config)
+        try:
+            record = ledger.get(sandbox, request_id)
+            if record is None:
+                raise BrokerError(f"no request {sandbox}/{request_id} in the ledger")
+            return card(ledger, record, broker.registry)
+        finally:
+            ledger.close()
+
+    return card_of
 
 
 def _decider(config: Config) -> Callable[[Ballot], Tally]:

@@ -20,18 +20,20 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from broker.approval.decisions import Ballot, Tally
 from broker.errors import BrokerError, DecisionError
 from broker.integrations.github_threads import GitHubThreads, Thread
 
-__all__ = ["Command", "Event", "PrDecider", "parse_command"]
+__all__ = ["Command", "Event", "PrDecider", "card_markdown", "parse_command"]
 
 log = logging.getLogger("broker.integrations.github")
 COMMAND = re.compile(r"\A\s*/broker\s+(approve|deny)\b[ \t]*(.*)\Z", re.S)
 PREFIX = re.compile(r"[0-9a-fA-F]{12,64}")
+FENCE = "~~~~"
 
 
 @dataclass(frozen=True)
@@ -83,9 +85,15 @@ class Refusal(Exception):
 class PrDecider:
     """Turns a pull request's comments and reviews into ballots, and answers them."""
 
-    def __init__(self, threads: GitHubThreads, decide: Callable[[Ballot], Tally]) -> None:
+    def __init__(
+        self,
+        threads: GitHubThreads,
+        decide: Callable[[Ballot], Tally],
+        card_of: Callable[[str, str], Mapping[str, Any]] | None = None,
+    ) -> None:
         self.threads = threads
         self.decide = decide  # Inbox.decide on the web, decide_and_wake for the poller
+        self.card_of = card_of  # the ledger's card (sandbox, id), to edit ours in place
 
     def handle(self, event: Event) -> str | None:
         """Decide on `event`; the answer posted in the thread (None: nothing to answer)."""
@@ -98,7 +106,10 @@ class PrDecider:
             ballot = self._ballot(thread, event)
             if ballot is None:
                 return None
-            answer = _receipt(self.decide(ballot), ballot)
+            tally = self.decide(ballot)
+            answer = _receipt(tally, ballot)
+            if not tally.settled:
+                self._refresh(thread)
         except (Refusal, DecisionError) as exc:
             answer = f"**Refused** (@{event.login}): {exc}\n\nNothing was decided."
         try:
@@ -106,6 +117,18 @@ class PrDecider:
         except BrokerError as exc:  # the decision stands; the card says it too
             log.warning("could not answer in %s#%d: %s", thread.repo, thread.number, exc)
         return answer
+
+    def _refresh(self, thread: Thread) -> None:
+        """The card edited in place: the approvals so far (a settled one, by PrCards)."""
+        if self.card_of is None:
+            return
+        try:
+            card = self.card_of(thread.sandbox, thread.request_id)
+            self.threads.api.edit_comment(
+                thread.repo, thread.card_comment, card_markdown(card, thread)
+            )
+        except BrokerError as exc:
+            log.warning("the card in %s#%d was not updated: %s", thread.repo, thread.number, exc)
 
     def _ballot(self, thread: Thread, event: Event) -> Ballot | None:
         if event.kind == "review":
@@ -198,3 +221,48 @@ def _receipt(tally: Tally, ballot: Ballot) -> str:
             "waiting for more approvers."
         )
     return f"**Approved** by {who} ({tally.approvals} of {tally.needed}); the broker applies it."
+
+
+def _quoted(text: str) -> str:
+    """The agent's words in a fence it cannot close, with no @-mention that notifies."""
+    safe = str(text).replace(FENCE, "~ ~ ~ ~").replace("@", "@\u200b")
+    return f"{FENCE}text\n{safe}\n{FENCE}"
+
+
+def card_markdown(card: Mapping[str, Any], thread: Thread) -> str:
+    """The card comment: what, where, why it stopped, the deadline, the agent's words
+    (marked as such), the request's sha256, and how to decide."""
+    what = card.get("what") or {}
+    why = card.get("why") or {}
+    late = card.get("if_nobody_answers") or {}
+    have = (card.get("approvals") or {}).get("have") or []
+    need = (card.get("approvals") or {}).get("needed", 1)
+    lines = [
+        f"<!-- broker-card {thread.sha256} -->",
+        f"### Broker approval: `{card.get('effect')}` ({card.get('status')})",
+        "",
+        f"**What**: {what.get('title', '')}",
+        f"**Where**: {card.get('where')}",
+        f"**Why it stopped**: {why.get('rule') or 'its rule'}: {why.get('reason') or ''}",
+        f"**Deadline**: {late.get('expires_at')} (then {late.get('on_timeout')})",
+        f"**Request sha256**: `{thread.sha256}`",
+        f"**Approvals**: {len(have)} of {need}" + (f" ({', '.join(have)})" if have else ""),
+        "",
+        "**The agent's words** (written by the agent, not checked by the broker):",
+        _quoted(str(card.get("agent_reason") or "(none)")),
+        "",
+    ]
+    if thread.branch:
+        lines.append(
+            f"The broker created branch `{thread.branch}` at `{thread.head[:12]}` for this "
+            "review; it is deleted when the request is decided or expires."
+        )
+    if card.get("status") == "pending":
+        lines += [
+            f"To approve: an **Approve** review of commit `{thread.head[:12]}`, or comment "
+            f"`/broker approve {thread.sha256[:16]} [reason]`.",
+            "To deny: comment `/broker deny <reason>` (the agent reads the reason).",
+        ]
+    else:
+        lines.append(f"Decided by {card.get('decided_by') or '-'}: {card.get('reason') or ''}")
+    return "\n".join(lines)

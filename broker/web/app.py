@@ -188,7 +188,9 @@ def _github(config: Config, inbox: Inbox) -> PrDecider | None:
     from broker.integrations.github_threads import GitHubThreads, thread_settings
 
     settings = thread_settings(config)
-    return PrDecider(GitHubThreads(settings), inbox.decide) if settings is not None else None
+    if settings is None:
+        return None
+    return PrDecider(GitHubThreads(settings), inbox.decide, inbox.card)
 
 
 def _metrics_page(metrics: Metrics) -> Callable[[], Response]:

@@ -293,6 +293,8 @@ def test_quorum_counts_github_and_the_cli(stack: Stack) -> None:
     replies = stack.replies(thread)
     assert any("(1 of 3)" in r for r in replies) and any("(2 of 3)" in r for r in replies)
     assert any("already decided" in r for r in replies)
+    shown = stack.hub.repos[REPO].comments[thread.card_comment]["body"]
+    assert "**Approvals**: 2 of 3 (alice, bob)" in shown  # the card, edited in place
     ledger = open_store(stack.config)
     try:
         ballot = Ballot(f"default/{rid}", "approve", "carol", None, "cli", thread.sha256)
