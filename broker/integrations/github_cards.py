@@ -56,6 +56,9 @@ class PrCards:
         """A results observer: queue the thread's opening or closing."""
         if record.effect != "github.pull_request.create":
             return
+        said = (record.verdict or {}).get("approve_in_pr")
+        if not (self.threads.settings.default_on if said is None else said):
+            return
         from broker.approval.decisions import card
 
         if record.state == "pending":

@@ -2,7 +2,8 @@
 few REST calls the thread needs, and what the broker remembers about each thread.
 
     [integrations.github]
-    approve_in_pr = true                 # waiting git.push / github.pull_request.create
+    approve_in_pr = true                 # a waiting github.pull_request.create (false:
+                                         # only where a rule says approve_in_pr = true)
     staging_prefix = "broker/pending/"   # the only branches the broker creates
     agent_logins = ["agent-bot[bot]"]    # the agents' own accounts: never decide
     webhook_secret_env = "GITHUB_WEBHOOK_SECRET"
@@ -60,6 +61,7 @@ class ThreadSettings:
     webhook_secret: str | None
     users: Mapping[str, str]  # GitHub login (case-folded) → approver
     state_dir: Path
+    default_on: bool = True  # approve_in_pr's value: a rule's own approve_in_pr wins
 
     @property
     def store_path(self) -> Path:
@@ -67,10 +69,12 @@ class ThreadSettings:
 
 
 def thread_settings(config: Config) -> ThreadSettings | None:
-    """The settings, or None when approve_in_pr is off; a mistake names its key."""
+    """The settings, or None without an approve_in_pr key; a mistake names its key."""
     table = config.integrations.get("github") or {}
-    if not table.get("approve_in_pr"):
+    if "approve_in_pr" not in table:
         return None
+    if not isinstance(table["approve_in_pr"], bool):
+        raise ConfigError("integrations.github.approve_in_pr: must be true or false")
     where = "integrations.github"
     token = resolve_secret(table, "token", where, config.base_dir)
     if not token:
@@ -96,6 +100,7 @@ def thread_settings(config: Config) -> ThreadSettings | None:
         resolve_secret(table, "webhook_secret", where, config.base_dir),
         users,
         config.state_dir,
+        table["approve_in_pr"],
     )
 
 

@@ -45,6 +45,13 @@ reason = "three people for this one"
 
 [[rules]]
 effect = "github.pull_request.create"
+when = { title = "Elsewhere" }
+action = "approve"
+approve_in_pr = false
+reason = "decided in the inbox only"
+
+[[rules]]
+effect = "github.pull_request.create"
 action = "approve"
 timeout = "1h"
 on_timeout = "deny"
@@ -173,6 +180,18 @@ def test_the_draft_pull_request_is_the_card(stack: Stack) -> None:
     run = stack.hub.check_runs[int(str(thread.check_run))]
     assert run["name"] == "broker/approval" and run["head_sha"] == thread.head
     assert run["status"] == "queued"
+
+
+def test_a_rule_can_keep_its_requests_out_of_the_pull_request(stack: Stack) -> None:
+    """A rule with approve_in_pr = false: the request waits, no draft, no card, no check."""
+    doc = stack.harness.request(
+        "github.pull_request.create",
+        {"repo": REPO, "head": "agent/fix", "base": "main", "title": "Elsewhere"},
+    )
+    assert stack.harness.submit(doc, terminal=False)["status"] == "pending"
+    stack.cards.drain()
+    assert stack.cards.threads.store.by_request("default", str(doc["id"])) is None
+    assert stack.hub.pulls(REPO) == [] and stack.hub.check_runs == {}
 
 
 def test_an_approve_review_at_the_pushed_head_applies_once(stack: Stack) -> None:
