@@ -62,6 +62,7 @@ APPROVERS = {
     "bob": {"github_user": "bob-gh"},
     "carol": {"os_user": "carol"},
     "dave": {"github_user": "dave-gh"},
+    "pr-bot": {"github_user": "pr-bot-gh", "acts_for": ["default"]},
 }
 
 
@@ -121,6 +122,8 @@ def serving(tmp_path: Path, served: tuple[Switch, WebServer], **overrides: Any) 
         for login, level in {"alice-gh": "write", "bob-gh": "admin", "dave-gh": "read"}.items():
             hub.permissions[(REPO, login)] = level
         hub.permissions[(REPO, "agent-bot")] = "write"
+        hub.permissions[(REPO, "pr-bot-gh")] = "write"
+        hub.permissions[(REPO, "frank-gh")] = "write"  # a collaborator, no approver
         github = {
             "token_env": TOKEN_ENV,
             "base_url": hub.url,
@@ -245,6 +248,9 @@ def test_a_review_after_the_head_moved_is_refused(stack: Stack) -> None:
         ("dave-gh", "/broker approve {prefix}", "User", "does not have write access"),
         ("agent-bot", "/broker approve {prefix}", "User", "an agent's account"),
         ("helper[bot]", "/broker approve {prefix}", "Bot", "an agent's account"),
+        ("pr-bot-gh", "/broker approve {prefix}", "User", "is the agent that asked"),
+        ("eve-gh", "/broker approve {prefix}", "User", "does not have write access"),
+        ("frank-gh", "/broker approve {prefix}", "User", "is not mapped to an approver"),
         ("bob-gh", "/broker approve", "User", "needs the request's sha256"),
         ("alice-gh", "/broker deny", "User", "a denial needs a reason"),
     ],
@@ -252,8 +258,9 @@ def test_a_review_after_the_head_moved_is_refused(stack: Stack) -> None:
 def test_a_command_that_may_not_decide_is_refused_in_the_thread(
     stack: Stack, login: str, body: str, kind: str, why: str
 ) -> None:
-    """A wrong prefix, read access, the agent's own account or a Bot, a missing prefix
-    or reason: refused, answered in the thread, and the request still waits."""
+    """A wrong prefix, read access or none, the agent's own account, a Bot, an approver
+    who acts_for the sandbox, a missing prefix or reason: refused, answered in the
+    thread, and the request still waits."""
     rid, thread = stack.waiting()
     assert (
         stack.comment(thread, login, body.format(prefix=thread.sha256[:16]), kind).status_code
