@@ -24,6 +24,7 @@ from broker.untrusted import terminal
 
 if TYPE_CHECKING:
     from broker.config import Config
+    from broker.integrations.github_cards import PrCards
     from broker.loop.pipeline import Broker
 
 # `broker run -- CMD ARGS`: everything after the options is the sandbox's command
@@ -88,14 +89,18 @@ def serve(
             from broker.staged import EVERY
 
             d.cfg = dataclasses.replace(d.cfg, staged=EVERY)
-        broker = guarded(lambda: _broker(d, outbox, results, sandbox, root, claim))
+        broker, cards = guarded(lambda: _broker(d, outbox, results, sandbox, root, claim))
         served = ", ".join(sorted(broker.outboxes)) or "none yet"
         d.start(
             wake=broker.wake,
             banner=f"broker: serving sandboxes: {terminal(served)}; "
             f"state in {d.cfg.state_dir}; Ctrl-C stops{_staged_note(d.cfg)}",
         )
-        guarded(lambda: broker.serve(d.stop))
+        try:
+            guarded(lambda: broker.serve(d.stop))
+        finally:
+            if cards is not None:  # after the broker: its last observers have run
+                cards.close()
 
 
 def _staged_note(cfg: Config) -> str:
@@ -111,8 +116,9 @@ def _broker(
     sandbox: str,
     root: Path | None,
     claim: Path | None,
-) -> Broker:
-    """A broker on the attach-mode outbox and/or the sandboxes under the root."""
+) -> tuple[Broker, PrCards | None]:
+    """A broker on the attach-mode outbox and/or the sandboxes under the root, and its
+    pull request cards when [integrations.github] approve_in_pr is set."""
     from broker.approval.notify import attach as notify
     from broker.intake.outbox import attach
     from broker.integrations.github_cards import attach_pr_cards
@@ -129,9 +135,9 @@ def _broker(
     if root is not None or outbox is None:
         broker.serve_root((root or d.cfg.state_dir) / "sandboxes")
     notify(broker, d.cfg, d.notifier)  # webhooks and Slack, as [notify] says
-    attach_pr_cards(broker, d.cfg)  # the pull request as the card, when approve_in_pr is on
+    cards = attach_pr_cards(broker, d.cfg)  # the pull request as the card (approve_in_pr)
     d.observe(broker)  # the request log; metrics and traces when broker.toml asks
-    return broker
+    return broker, cards
 
 
 def run(
