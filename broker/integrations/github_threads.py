@@ -257,7 +257,8 @@ class ThreadStore:
             self._db.executescript(_SCHEMA)
 
     def close(self) -> None:
-        self._db.close()
+        with self._lock:  # never under another thread's statement
+            self._db.close()
 
     def add(self, thread: Thread) -> None:
         with self._lock:

@@ -352,7 +352,8 @@ def test_polling_with_webhooks_off(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, served: tuple[Switch, WebServer]
 ) -> None:
     """No webhook secret, a poll_interval: the webhook is not served; an edited comment
-    is refused once, and a comment approving at the right prefix applies the request."""
+    is refused once, a comment approving at the right prefix applies one request and
+    an APPROVE review at the pushed head another."""
     monkeypatch.setenv(TOKEN_ENV, TOKEN)
     with serving(tmp_path, served, webhook_secret_env=None, poll_interval="1s") as stack:
         rid, thread = stack.waiting()
@@ -365,3 +366,7 @@ def test_polling_with_webhooks_off(
         assert stack.harness.wait(rid, timeout=30)["status"] == "applied"
         refused = [r for r in stack.replies(thread) if r.startswith("**Refused**")]
         assert len(refused) == 1 and "was edited" in refused[0]
+        reviewed, second = stack.waiting("Fix y")
+        stack.hub.review_as("bob-gh", second.number, second.head)
+        assert stack.harness.wait(reviewed, timeout=30)["status"] == "applied"
+        assert any(r.startswith("**Approved** by bob") for r in stack.replies(second))
