@@ -146,18 +146,21 @@ def serving(tmp_path: Path, served: tuple[Switch, WebServer], **overrides: Any) 
             attached.append(cards)
 
         harness.prepare = prepare
-        with harness:
-            switch, server = served
-            app = create_app(config, harness.registry)
-            switch.app = app
-            try:
-                yield Stack(harness, hub, attached[0], server.url, config)
-            finally:
-                switch.app = None
-                app.state.inbox.close()
-                if app.state.github is not None:
-                    app.state.github.threads.close()
-                attached[0].close()
+        try:
+            with harness:
+                switch, server = served
+                app = create_app(config, harness.registry)
+                switch.app = app
+                try:
+                    yield Stack(harness, hub, attached[0], server.url, config)
+                finally:
+                    switch.app = None
+                    app.state.inbox.close()
+                    if app.state.github is not None:
+                        app.state.github.threads.close()
+        finally:
+            for cards in attached:  # after the broker: its observers use their store
+                cards.close()
 
 
 @pytest.fixture
