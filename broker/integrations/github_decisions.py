@@ -112,6 +112,12 @@ class PrDecider:
                 self._refresh(thread)
         except (Refusal, DecisionError) as exc:
             answer = f"**Refused** (@{event.login}): {exc}\n\nNothing was decided."
+        except BrokerError as exc:  # GitHub did not answer a check: this one is not retried
+            log.warning("a decision in %s#%d was not taken: %s", thread.repo, thread.number, exc)
+            answer = (
+                f"**Not recorded** (@{event.login}): the broker could not check this with "
+                "GitHub just now. Nothing was decided; comment or review again."
+            )
         try:
             self.threads.api.reply(thread.repo, thread.number, answer)
         except BrokerError as exc:  # the decision stands; the card says it too
@@ -137,7 +143,7 @@ class PrDecider:
             self._who(thread, event)
             if event.commit_id != thread.head:
                 raise Refusal(
-                    f"this review is of commit {str(event.commit_id)[:12]}, but the broker "
+                    f"this review is of commit {_short(event.commit_id)}, but the broker "
                     f"pushed {thread.head[:12]} for request {thread.sha256[:12]}; "
                     "review the change as it now stands"
                 )
@@ -197,6 +203,11 @@ class PrDecider:
                 f"the pull request's head moved to {head[:12]} after the broker pushed "
                 f"{thread.head[:12]}; what was shown is not what would be applied"
             )
+
+
+def _short(sha: str | None) -> str:
+    """A commit id from a payload, shown only if it is one (no markup from outside)."""
+    return sha[:12] if sha and re.fullmatch(r"[0-9a-f]{40}", sha) else "(not a commit id)"
 
 
 def _matches(prefix: str | None, sha256: str) -> None:

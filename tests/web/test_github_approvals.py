@@ -373,3 +373,17 @@ def test_polling_with_webhooks_off(
         stack.hub.review_as("bob-gh", second.number, second.head)
         assert stack.harness.wait(reviewed, timeout=30)["status"] == "applied"
         assert any(r.startswith("**Approved** by bob") for r in stack.replies(second))
+
+
+def test_a_check_github_does_not_answer_decides_nothing(stack: Stack) -> None:
+    """When GitHub fails the permission read, the comment decides nothing and the
+    thread is told to try again; a new comment then approves."""
+    rid, thread = stack.waiting()
+    stack.hub.fault(
+        "GET", "/repos/{owner}/{repo}/collaborators/{username}/permission", 502, {"message": "x"}
+    )
+    stack.comment(thread, "alice-gh", f"/broker approve {thread.sha256[:16]}")
+    assert any(r.startswith("**Not recorded**") for r in stack.replies(thread))
+    assert stack.status(rid) == "pending"
+    stack.comment(thread, "alice-gh", f"/broker approve {thread.sha256[:16]}")
+    assert stack.harness.wait(rid)["status"] == "applied"
