@@ -220,6 +220,7 @@ class Verdict:
     approvers: tuple[str, ...] = ()  # who may decide (names, "group:NAME"); empty: anyone
     step_up: Mapping[str, Any] | None = None  # policy.deciders.StepUp's JSON form
     notify: str | None = None  # the group told of it ([notify.groups.NAME])
+    approve_in_pr: bool | None = None  # the rule's say on the pull request card; None: unsaid
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -242,6 +243,8 @@ class Verdict:
             data["step_up"] = dict(self.step_up)
         if self.notify is not None:
             data["notify"] = self.notify
+        if self.approve_in_pr is not None:
+            data["approve_in_pr"] = self.approve_in_pr
         return data
 
     @classmethod
@@ -259,6 +262,7 @@ class Verdict:
             approvers=tuple(data.get("approvers", ())),
             step_up=data.get("step_up"),
             notify=data.get("notify"),
+            approve_in_pr=data.get("approve_in_pr"),
         )
 
 

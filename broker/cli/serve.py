@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from broker.cli.prompt import Prompt
     from broker.config import Config
     from broker.hosting.runner import RunOptions
+    from broker.integrations.github_cards import PrCards
     from broker.loop.pipeline import Broker
 
 # `broker run -- CMD ARGS`: everything after the options is the sandbox's command
@@ -90,14 +91,18 @@ def serve(
             from broker.staged import EVERY
 
             d.cfg = dataclasses.replace(d.cfg, staged=EVERY)
-        broker = guarded(lambda: _broker(d, outbox, results, sandbox, root, claim))
+        broker, cards = guarded(lambda: _broker(d, outbox, results, sandbox, root, claim))
         served = ", ".join(sorted(broker.outboxes)) or "none yet"
         d.start(
             wake=broker.wake,
             banner=f"broker: serving sandboxes: {terminal(served)}; "
             f"state in {d.cfg.state_dir}; Ctrl-C stops{_staged_note(d.cfg)}",
         )
-        guarded(lambda: broker.serve(d.stop))
+        try:
+            guarded(lambda: broker.serve(d.stop))
+        finally:
+            if cards is not None:  # after the broker: its last observers have run
+                cards.close()
 
 
 def _staged_note(cfg: Config) -> str:
@@ -113,10 +118,12 @@ def _broker(
     sandbox: str,
     root: Path | None,
     claim: Path | None,
-) -> Broker:
-    """A broker on the attach-mode outbox and/or the sandboxes under the root."""
+) -> tuple[Broker, PrCards | None]:
+    """A broker on the attach-mode outbox and/or the sandboxes under the root, and its
+    pull request cards when [integrations.github] approve_in_pr is set."""
     from broker.approval.notify import attach as notify
     from broker.intake.outbox import attach
+    from broker.integrations.github_cards import attach_pr_cards
     from broker.loop.pipeline import Broker
 
     broker = Broker(d.cfg, d.registry, d.policy)
@@ -130,8 +137,9 @@ def _broker(
     if root is not None or outbox is None:
         broker.serve_root((root or d.cfg.state_dir) / "sandboxes")
     notify(broker, d.cfg, d.notifier)  # webhooks and Slack, as [notify] says
+    cards = attach_pr_cards(broker, d.cfg)  # the pull request as the card (approve_in_pr)
     d.observe(broker)  # the request log; metrics and traces when broker.toml asks
-    return broker
+    return broker, cards
 
 
 def run(

@@ -34,7 +34,7 @@ __all__ = [
 
 ACTIONS = ("auto", "approve", "deny")
 # how people may decide what an approve rule holds: within a selection, from Slack
-SURFACE_KEYS = ("batch", "slack_buttons", "slack_buttons_irreversible")
+SURFACE_KEYS = ("batch", "slack_buttons", "slack_buttons_irreversible", "approve_in_pr")
 RULE_KEYS = {"effect", "when", "action", "reason", "approvals", "timeout", "on_timeout"}
 RULE_KEYS |= {*SURFACE_KEYS, *DECIDER_KEYS, "protected_paths", "after", "unset"}
 AFTER_KEYS = {"effect", "when", "within"}
@@ -138,6 +138,7 @@ class Rule:
     approvers: tuple[str, ...] = ()  # who may decide: names and "group:NAME" (all: empty)
     step_up: StepUp | None = None  # a recent sign-in to decide (broker.policy.deciders)
     notify: str | None = None  # the group told ([notify.groups.NAME])
+    approve_in_pr: bool | None = None  # the pull request as the card; None: the integration's
 
     @property
     def label(self) -> str:
@@ -199,6 +200,7 @@ class Rule:
             approvers=self.approvers,
             step_up=self.step_up.to_json() if self.step_up else None,
             notify=self.notify,
+            approve_in_pr=self.approve_in_pr,
         )
 
 
@@ -252,6 +254,7 @@ def parse_rule(
         approvers=parse_approvers(f"{where}.approvers", raw.get("approvers")),
         step_up=parse_step_up(f"{where}.step_up", raw.get("step_up")),
         notify=parse_notify(f"{where}.notify", raw.get("notify")),
+        approve_in_pr=_approve_in_pr(where, raw.get("approve_in_pr")),
     )
 
 
@@ -272,6 +275,13 @@ def _gate_terms(
     if on_timeout == "approve":
         _refuse_irreversible_auto_approve(where, effect, reversible)
     return approvals, timeout_s, on_timeout
+
+
+def _approve_in_pr(where: str, value: Any) -> bool | None:
+    """`approve_in_pr`: this rule's requests shown (or not) as a pull request's card."""
+    if value is not None and not isinstance(value, bool):
+        raise PolicyError(f"{where}.approve_in_pr: must be true or false; got {value!r}")
+    return value
 
 
 def _unset(where: str, value: Any) -> tuple[str, ...]:

@@ -39,13 +39,14 @@ from broker.registry import Registry
 from broker.slack.settings import slack_settings
 from broker.store.base import Store
 from broker.store.factory import open_store
-from broker.web import api, history, pages, replay, signin, undo, waiting
+from broker.web import api, github_hook, history, pages, replay, signin, undo, waiting
 from broker.web import slack_actions as slack
 from broker.web.auth import Gate, Sessions, load_approvers
 from broker.web.inbox import Inbox
 from broker.web.oidc import Provider, oidc_settings
 
 if TYPE_CHECKING:
+    from broker.integrations.github_decisions import PrDecider
     from broker.observability.metrics import Metrics
 
 STATIC = Path(__file__).parent / "static"
@@ -125,6 +126,7 @@ def create_app(
     inbox = Inbox(config, registry, ledger_factory or (lambda: open_store(config)))
     chat = slack_settings(config)
     callback = slack.SlackCallback(chat, inbox) if chat is not None else None
+    github = _github(config, inbox)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -132,6 +134,8 @@ def create_app(
         inbox.close()
         if callback is not None:
             callback.close()
+        if github is not None:
+            github.threads.close()
         if sign_in is not None:
             sign_in.provider.close()
 
@@ -157,9 +161,11 @@ def create_app(
     app.state.gate = gate
     app.state.pages = renderer
     app.state.slack = callback
+    app.state.github = github
     app.include_router(api.router, prefix="/api/v1")
     app.include_router(replay.api, prefix="/api/v1")
     app.include_router(slack.router)
+    app.include_router(github_hook.router)
     app.include_router(pages.router)
     app.include_router(history.router)
     app.include_router(signin.router)
@@ -174,6 +180,17 @@ def create_app(
     _handle_errors(app, renderer)
     app.add_middleware(SecurityHeaders)
     return app
+
+
+def _github(config: Config, inbox: Inbox) -> PrDecider | None:
+    """The pull request decision path, when [integrations.github] approve_in_pr is on."""
+    from broker.integrations.github_decisions import PrDecider
+    from broker.integrations.github_threads import GitHubThreads, thread_settings
+
+    settings = thread_settings(config)
+    if settings is None:
+        return None
+    return PrDecider(GitHubThreads(settings), inbox.decide, inbox.card)
 
 
 def _metrics_page(metrics: Metrics) -> Callable[[], Response]:

@@ -35,6 +35,14 @@ CONFIG_KEYS = frozenset(
         "private_key_file",
         "installation_id",
         "protected_paths",
+        # approving in the pull request: read by broker.integrations.github_threads
+        "approve_in_pr",
+        "staging_prefix",
+        "staging_public",
+        "agent_logins",
+        "webhook_secret_env",
+        "webhook_secret_file",
+        "poll_interval",
     }
 )
 APP_TOKEN_CALL = ("POST", "/app/installations/{installation_id}/access_tokens")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.integrations.github_threads import THREAD_CALLS
 from effects.github import APP_TOKEN_CALL, Api
 from tests.effects.github.fake import FakeGitHub, seed_repo
 from tests.effects.github.prism import (
@@ -50,7 +51,7 @@ def prism_launch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prism | N
         yield None
         return
     folder = tmp_path_factory.mktemp("prism")
-    operations = [*Api.operations().values(), APP_TOKEN_CALL]
+    operations = [*Api.operations().values(), APP_TOKEN_CALL, *THREAD_CALLS.values()]
     spec = (
         GITHUB_SPEC_FILE
         if os.environ.get("PRISM_FULL_SPEC")
