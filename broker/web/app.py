@@ -109,6 +109,25 @@ def web_settings(config: Config) -> WebSettings:
     return WebSettings(ttl, files["tls_certfile"], files["tls_keyfile"], secure, listen)
 
 
+def _route(app: FastAPI, metrics: Metrics | None) -> None:
+    """Every surface's routes, /metrics when asked for, and the static files."""
+    app.include_router(api.router, prefix="/api/v1")
+    app.include_router(replay.api, prefix="/api/v1")
+    app.include_router(slack.router)
+    app.include_router(github_hook.router)
+    app.include_router(pages.router)
+    app.include_router(history.router)
+    app.include_router(signin.router)
+    app.include_router(replay.router)  # before waiting's /requests/…: no overlap, by order
+    app.include_router(waiting.router)
+    app.include_router(undo.router)
+    if metrics is not None:
+        app.add_api_route(
+            "/metrics", _metrics_page(metrics), methods=["GET"], include_in_schema=False
+        )
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+
 def create_app(
     config: Config,
     registry: Registry,
@@ -162,21 +181,7 @@ def create_app(
     app.state.pages = renderer
     app.state.slack = callback
     app.state.github = github
-    app.include_router(api.router, prefix="/api/v1")
-    app.include_router(replay.api, prefix="/api/v1")
-    app.include_router(slack.router)
-    app.include_router(github_hook.router)
-    app.include_router(pages.router)
-    app.include_router(history.router)
-    app.include_router(signin.router)
-    app.include_router(replay.router)  # before waiting's /requests/…: no overlap, by order
-    app.include_router(waiting.router)
-    app.include_router(undo.router)
-    if metrics is not None:
-        app.add_api_route(
-            "/metrics", _metrics_page(metrics), methods=["GET"], include_in_schema=False
-        )
-    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    _route(app, metrics)
     _handle_errors(app, renderer)
     app.add_middleware(SecurityHeaders)
     return app
