@@ -103,30 +103,37 @@ def decide(
             )
         stamp = iso(now.now())
         assert stamp is not None
-        decision = Decision(
-            record.sandbox,
-            record.id,
-            approver,
-            verdict,
-            reason,
-            ballot.surface,
-            record.sha256 or "",
-            stamp,
-        )
-        ledger.add_decision(decision)
-        ledger.queue_audit(
-            audit_event(
-                "decision",
-                record,
-                stamp,
-                by=approver,
-                verdict=verdict,
-                reason=reason,
-                surface=ballot.surface,
-                **({"identity": ballot.proof.audit()} if ballot.proof else {}),
-            )
-        )
+        decision = _record(ledger, record, ballot, approver, stamp)
         return _settle(ledger, record, [*previous, decision], stamp)
+
+
+def _record(ledger: Store, record: Record, ballot: Ballot, approver: str, stamp: str) -> Decision:
+    """The decision as the ledger keeps it, bound to the digest recorded, and its audit
+    event (with the decider's proof of identity, when a surface gave one)."""
+    decision = Decision(
+        record.sandbox,
+        record.id,
+        approver,
+        ballot.verdict,
+        ballot.reason,
+        ballot.surface,
+        record.sha256 or "",
+        stamp,
+    )
+    ledger.add_decision(decision)
+    ledger.queue_audit(
+        audit_event(
+            "decision",
+            record,
+            stamp,
+            by=approver,
+            verdict=ballot.verdict,
+            reason=ballot.reason,
+            surface=ballot.surface,
+            **({"identity": ballot.proof.audit()} if ballot.proof else {}),
+        )
+    )
+    return decision
 
 
 def _check_decidable(record: Record, sha256: str | None, now: Clock) -> None:
@@ -238,18 +245,20 @@ def card(ledger: Store, record: Record, registry: Registry | None = None) -> dic
         "slack_buttons": slack_buttons(verdict, record.reversible),
         "decided_by": record.decided_by,
         "reason": record.reason,
-        "decisions": [
-            {
-                "approver": d.approver,
-                "verdict": d.verdict,
-                "reason": d.reason,
-                "surface": d.surface,
-                "at": d.at,
-                "sha256": d.sha256,
-            }
-            for d in decisions
-        ],
+        "decisions": [_decision_row(d) for d in decisions],
         **_outcome(record, decisions),
+    }
+
+
+def _decision_row(d: Decision) -> dict[str, Any]:
+    """One person's decision as a card lists it (with the digest they decided on)."""
+    return {
+        "approver": d.approver,
+        "verdict": d.verdict,
+        "reason": d.reason,
+        "surface": d.surface,
+        "at": d.at,
+        "sha256": d.sha256,
     }
 
 
