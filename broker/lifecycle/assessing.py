@@ -140,6 +140,9 @@ def assess(
             record.sha256 or "",
             broken="the handler failed while assessing this request; see the broker's log",
         )
+    finally:
+        if ctx.grants is not None:
+            ctx.grants.close()  # what a preview minted (read-only) ends with it
     return Assessed(record.key, record.sha256 or "", reversible, preview, memo.recall(), protected)
 
 

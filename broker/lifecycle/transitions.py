@@ -305,6 +305,7 @@ class Lifecycle:
             reason=record.reason,
             http_status=service_status(status, record.output),
             warning=service_warning(status, record.output),
+            **_credential(record.output),
         )
         return record
 
@@ -344,3 +345,9 @@ def _human(seconds: float) -> str:
     if seconds >= 60 and seconds % 60 == 0:
         return f"{int(seconds // 60)}m"
     return f"{seconds:g}s"
+
+
+def _credential(output: dict[str, Any] | None) -> dict[str, Any]:
+    """The minted credentials' scopes (broker/grants.py), for the audit event."""
+    used = (output or {}).get("credential")
+    return {"credential": used} if isinstance(used, list) else {}

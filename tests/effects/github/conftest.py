@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from effects.github import APP_TOKEN_CALL, Api
+from effects.github import APP_REVOKE_CALL, APP_TOKEN_CALL, Api
 from tests.effects.github.fake import FakeGitHub, seed_repo
 from tests.effects.github.prism import (
     GITHUB_SPEC_FILE,
@@ -50,7 +50,7 @@ def prism_launch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prism | N
         yield None
         return
     folder = tmp_path_factory.mktemp("prism")
-    operations = [*Api.operations().values(), APP_TOKEN_CALL]
+    operations = [*Api.operations().values(), APP_TOKEN_CALL, APP_REVOKE_CALL]
     spec = (
         GITHUB_SPEC_FILE
         if os.environ.get("PRISM_FULL_SPEC")
