@@ -270,6 +270,7 @@ class BrokerHarness:
         handlers: Iterable[Any] = (),
         policy: str | Mapping[str, Any] | Policy | None = None,
         integrations: Mapping[str, Mapping[str, Any]] | None = None,
+        credentials: Mapping[str, Mapping[str, Any]] | None = None,
         limits: Limits | None = None,
         sandbox: str = "default",
         builtins: bool = True,
@@ -293,6 +294,7 @@ class BrokerHarness:
             state_dir=self.state,
             limits=limits or Limits(),
             integrations=dict(integrations or {}),
+            credentials={k: dict(v) for k, v in (credentials or {}).items()},
             rescan_interval_s=2.0,
             staged=staged if isinstance(staged, Staged) else Staged.parse(staged),
         )
