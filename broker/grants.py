@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 BUILTIN = {
     "github_app": "broker.credentials.github_app:GitHubApp",
     "aws_sts": "broker.credentials.aws_sts:AssumeRole",
+    "openbao": "broker.credentials.openbao:OpenBao",
 }
 """Provider kind → its class, for the providers the broker ships."""
 STANDING = "standing credential"
