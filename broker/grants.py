@@ -146,6 +146,30 @@ def provider_for(
     return None
 
 
+def kind_of_credential(integration: Settings, credentials: Mapping[str, Mapping[str, Any]]) -> str:
+    """What an integration applies with, in words: minted (by which provider), a
+    standing credential (static `*_env` / `*_file` references), or none."""
+    try:
+        provider = provider_for(integration, credentials)
+    except ConfigError as exc:
+        return f"misconfigured: {exc}"
+    if provider is not None:
+        name = getattr(provider, "name", type(provider).__name__)
+        return f"minted per apply ({name}), narrowed to the request, revoked after"
+    if _references(integration):
+        return STANDING
+    return "none"
+
+
+def _references(table: Mapping[str, Any]) -> bool:
+    for key, value in table.items():
+        if isinstance(value, Mapping) and _references(value):
+            return True
+        if isinstance(key, str) and key.endswith(("_env", "_file")) and isinstance(value, str):
+            return True
+    return False
+
+
 class Grants:
     """The credentials minted for one handler call; `close()` revokes them all.
 
