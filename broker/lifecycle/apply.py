@@ -220,7 +220,8 @@ def call(effect: Effect, record: Record, config: Config, marks: StartMarks) -> A
     mask = Masker(minted)
     output = {**mask(applied.output), "credential": used} if applied.output is not None else None
     reason = mask.text(applied.reason) if applied.reason is not None else None
-    return replace(applied, output=output, reason=reason, issues=mask(applied.issues))
+    issues = mask(applied.issues)
+    return replace(applied, output=output, reason=reason, issues=issues, credential=used)
 
 
 def _call(

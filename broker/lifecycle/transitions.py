@@ -286,8 +286,10 @@ class Lifecycle:
         reason: str | None,
         output: dict[str, Any] | None,
         issues: list[dict[str, str]],
+        credential: list[dict[str, Any]] | None = None,
     ) -> Record:
-        """The handler came back: applied, failed or invalid, with what it said."""
+        """The handler came back: applied, failed or invalid, with what it said (and the
+        scopes of what was minted for it, for the audit event, failed or not)."""
         if status == "applied" and reason is None:
             reason = record.reason or "applied"
         record = self._move(
@@ -305,7 +307,7 @@ class Lifecycle:
             reason=record.reason,
             http_status=service_status(status, record.output),
             warning=service_warning(status, record.output),
-            **_credential(record.output),
+            **({"credential": credential} if credential else _credential(record.output)),
         )
         return record
 

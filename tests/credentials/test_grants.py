@@ -7,6 +7,7 @@ servers beside this file and under tests/effects/).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,8 @@ from broker import grants
 from broker.grants import Grant, Grants, Scope, kind_of_credential
 from broker.settings import Settings
 from broker.testing import BrokerHarness
-from effects.base import Context, Handler, Preview
+from effects.base import Context, EffectFailed, Handler, Preview
+from tests.support import eventually
 
 SCOPE = Scope("echo", ("thing/1",), ("say:write",))
 MINTED: list[str] = []
@@ -109,3 +111,37 @@ def test_a_handler_echoing_its_minted_secret_is_masked(tmp_path: Path) -> None:
     for path in [*h.results.glob("*.json"), *h.state.rglob("*")]:
         if path.is_file():
             assert secret.encode() not in path.read_bytes(), path
+
+
+class Refused(Say):
+    """echo.fail: mints, then the service refuses."""
+
+    name = "echo.fail"
+
+    def apply(self, params: Any, ctx: Context) -> dict[str, Any]:
+        grant = ctx.credential(SCOPE)
+        assert grant is not None
+        raise EffectFailed(f"failed: the service said no to {grant.token}")
+
+
+def test_a_failed_apply_revokes_and_audits_the_scope(tmp_path: Path) -> None:
+    """Through a broker: the failure's audit event names the scope; the secret is masked."""
+    h = BrokerHarness(
+        tmp_path,
+        handlers=[Refused()],
+        integrations={"echo": {"credential": "e"}},
+        credentials={"e": {"kind": "echo"}},
+        policy={"rules": [{"effect": "echo.fail", "action": "auto"}]},
+    )
+    with h:
+        result = h.submit(h.request("echo.fail", {}))
+    assert result["status"] == "failed", result
+    (secret,) = MINTED
+    assert [secret] == REVOKED and secret not in str(result)
+    line = eventually(lambda: _failed_line(h.config.audit_path))
+    assert json.loads(line)["credential"][0]["scope"] == "echo: thing/1 only; say:write"
+
+
+def _failed_line(path: Path) -> str:
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    return next((x for x in text.splitlines() if '"failed"' in x and "credential" in x), "")
