@@ -17,6 +17,9 @@ that GitHub narrowed the token as asked, and revokes it (`DELETE /installation/t
 
 from __future__ import annotations
 
+import hashlib
+import threading
+import time
 from typing import Any
 
 import httpx
@@ -33,6 +36,18 @@ MINT_CALL = ("POST", "/app/installations/{installation_id}/access_tokens")
 REVOKE_CALL = ("DELETE", "/installation/token")
 HEADERS = {"Accept": "application/json", "X-GitHub-Api-Version": "2022-11-28"}
 LEVELS = {"read": 1, "write": 2, "admin": 3}
+JWT_REUSE_S = 300  # GitHub takes an App's JWT for 10 minutes; it reaches no repository itself
+
+_lock = threading.Lock()
+_http: list[httpx.Client] = []  # one pool for every exchange: a client costs ~40 ms to make
+_jwts: dict[tuple[int, str], tuple[float, str]] = {}  # (app, key digest) → (made at, JWT)
+
+
+def _client() -> httpx.Client:
+    with _lock:
+        if not _http:
+            _http.append(httpx.Client())
+        return _http[0]
 
 
 class GitHubApp:
@@ -109,8 +124,16 @@ class GitHubApp:
                 f"failed: {self.settings.where}.private_key_file: a GitHub App needs its "
                 "private key; ask the operator"
             )
+        mark = (self.app_id, hashlib.sha256(key.encode()).hexdigest())
+        with _lock:
+            made = _jwts.get(mark)
+        if made is not None and time.monotonic() - made[0] < JWT_REUSE_S:
+            return made[1]
         try:
-            return str(Auth.AppAuth(self.app_id, key).create_jwt())
+            signed = str(Auth.AppAuth(self.app_id, key).create_jwt())
+            with _lock:
+                _jwts[mark] = (time.monotonic(), signed)
+            return signed
         except (ValueError, TypeError, jwt.PyJWTError) as exc:
             raise CredentialRefused(
                 "failed: the host's GitHub App private key cannot sign a token "
@@ -120,7 +143,7 @@ class GitHubApp:
     def _send(self, verb: str, url: str, auth: str, body: Any, repo: str) -> httpx.Response:
         headers = {**HEADERS, "Authorization": auth, "User-Agent": "sandbox-outbox-broker"}
         try:
-            return httpx.request(verb, url, json=body, headers=headers, timeout=self.timeout)
+            return _client().request(verb, url, json=body, headers=headers, timeout=self.timeout)
         except httpx.TimeoutException as exc:
             raise CredentialRefused(
                 f"failed: GitHub did not mint a token for {repo} within {self.timeout:g} s; "
