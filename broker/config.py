@@ -71,6 +71,7 @@ class Config:
     tracing: Mapping[str, Any] | None = None  # [tracing]: on when present
     audit: Mapping[str, Any] = field(default_factory=dict)  # the audit key, checkpoints
     repositories_table: Mapping[str, Any] = field(default_factory=dict)  # [repositories.*]
+    credentials: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # minting
     rescan_interval_s: float = 30.0
     preview_timeout_s: float = 30.0  # a handler's assessment or preview, off the loop
     allow_as: bool = False
@@ -148,6 +149,7 @@ class Config:
                             walk(item, f"{where}.{key}[{i}]")
 
         walk(self.integrations, "integrations")
+        walk(self.credentials, "credentials")
         walk(self.notify, "notify")
         walk(self.web, "web")
         try:
@@ -214,6 +216,26 @@ def _table(data: Mapping[str, Any], name: str, path: Path | None) -> Mapping[str
     return value
 
 
+def _credentials(
+    table: Any, integrations: Mapping[str, Any], path: Path | None
+) -> dict[str, dict[str, Any]]:
+    """`[credentials.NAME]`: tables with a `kind`, each named by an integration that
+    refers to it (`credential = "NAME"`); the provider checks its own keys when used."""
+    if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
+        raise ConfigError(f"{path}: [credentials.NAME] must be tables")
+    check_no_literal_secrets(table, "credentials")
+    for name, spec in table.items():
+        if not isinstance(spec.get("kind"), str):
+            raise ConfigError(f"credentials.{name}.kind: name the provider (github_app, aws_sts)")
+    for integration, settings in integrations.items():
+        named = settings.get("credential")
+        if named is not None and named not in table:
+            raise ConfigError(
+                f"integrations.{integration}.credential: no [credentials.{named}] table"
+            )
+    return table
+
+
 def load_config(
     path: Path | None = None,
     *,
@@ -224,7 +246,7 @@ def load_config(
     path, data = _read(path, state_dir)
     unknown = set(data) - {
         *("broker", "integrations", "sandbox", "approvers", "notify", "web"),
-        *("metrics", "tracing", "audit", "repositories"),
+        *("metrics", "tracing", "audit", "repositories", "credentials"),
     }
     if unknown:
         raise ConfigError(f"{path}: unknown section [{sorted(unknown)[0]}]")
@@ -242,6 +264,7 @@ def load_config(
     ):
         raise ConfigError(f"{path}: [integrations.NAME] must be tables")
     check_no_literal_secrets(integrations, "integrations")
+    credentials = _credentials(data.get("credentials", {}), integrations, path)
     repositories = data.get("repositories", {})
     parse_repositories(repositories, integrations)  # a fault stops the start, naming the key
     return Config(
@@ -257,6 +280,7 @@ def load_config(
         tracing=_table(data, "tracing", path),
         audit=data.get("audit", {}),
         repositories_table=repositories,
+        credentials=credentials,
         rescan_interval_s=_duration(section.get("rescan_interval", "30s"), "rescan_interval"),
         preview_timeout_s=_duration(section.get("preview_timeout", "30s"), "preview_timeout"),
         allow_as=bool(section.get("allow_as", False)),

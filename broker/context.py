@@ -7,12 +7,14 @@ content-addressed store, and what a handler remembers (`ctx.remember`) is held i
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from broker import attachments
 from broker.config import Config
 from broker.errors import EffectFailed
+from broker.grants import Grants, Provider, provider_for
 from effects.base import Context
 
 if TYPE_CHECKING:
@@ -41,9 +43,16 @@ class Memo:
 
 
 def context_for(config: Config, record: Record, memo: Memo | None = None) -> Context:
-    """What a handler gets besides params, for one recorded request."""
+    """What a handler gets besides params, for one recorded request. Whoever calls a
+    handler that may reach a service with it closes `ctx.grants` after (`opened`)."""
     integration = (record.effect or "").split(".", 1)[0]
     memo = memo if memo is not None else Memo(record.seen)
+    made: list[Provider | None] = []
+
+    def provider() -> Provider | None:
+        if not made:
+            made.append(provider_for(config.integration(integration), config.credentials))
+        return made[0]
 
     def secret(key: str) -> str | None:
         return config.secret(integration, key)
@@ -65,4 +74,17 @@ def context_for(config: Config, record: Record, memo: Memo | None = None) -> Con
         attachment=attachment,
         remember=memo.remember,
         recall=memo.recall,
+        grants=Grants(provider, f"{record.sandbox}/{record.id} {(record.sha256 or '')[:12]}"),
     )
+
+
+@contextmanager
+def opened(config: Config, record: Record, memo: Memo | None = None) -> Iterator[Context]:
+    """A Context for one handler call that may reach a service; what it minted is
+    revoked when the call ends, however it ends."""
+    ctx = context_for(config, record, memo)
+    try:
+        yield ctx
+    finally:
+        assert ctx.grants is not None
+        ctx.grants.close()

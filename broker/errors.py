@@ -26,7 +26,8 @@
         ├── Rejected           the request breaks the protocol or its schema → invalid
         ├── PolicyDenied       the policy (or a limit it enforces) said no → denied
         └── EffectFailed       the handler ran and the service refused or broke → failed
-            └── InvalidParams  the handler found params it cannot act on → invalid
+            ├── InvalidParams  the handler found params it cannot act on → invalid
+            └── CredentialRefused  no narrowed credential could be minted: nothing applied
 
 Handlers raise `EffectFailed` (or `InvalidParams`) with a reason an agent can act on,
 translating their library's exceptions at their edge, `from exc`.
@@ -211,3 +212,8 @@ class InvalidParams(EffectFailed):
     def __init__(self, path: str, message: str, code: str = "invalid_param") -> None:
         super().__init__(f"invalid: {message}")
         self.issues = (Issue(path, code, message),)
+
+
+class CredentialRefused(EffectFailed):
+    """The provider could not mint this apply's narrowed credential; nothing was applied
+    with a broader one instead."""

@@ -56,6 +56,7 @@ class Applied:
     reason: str | None = None
     output: dict[str, Any] | None = None
     issues: list[dict[str, str]] = field(default_factory=list)
+    credential: list[dict[str, Any]] | None = None  # what was minted for it (its scopes)
 
 
 @dataclass(frozen=True, slots=True)

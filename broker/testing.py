@@ -67,6 +67,7 @@ def make_context(
     attachments: Mapping[str, Path] | None = None,
     secrets: Mapping[str, str] | None = None,
     memo: Memo | None = None,
+    credentials: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Context:
     """A real Context, built the way the broker builds one for a recorded request.
 
@@ -75,7 +76,9 @@ def make_context(
     `secrets` gives the values by key. `request_sha256` defaults to the sha256 of the
     request the context describes. Pass the same `memo` to the preview's and the
     apply's contexts to carry what the preview remembered (`ctx.remember`) to apply,
-    as the broker does between them.
+    as the broker does between them. `credentials` is `[credentials.*]`: a provider
+    the settings name (`credential = "NAME"`) mints through `ctx.credential`; close
+    `ctx.grants` after the call to revoke what it minted, as the broker does.
     """
     import tempfile
 
@@ -83,6 +86,7 @@ def make_context(
     config = Config(
         state_dir=state,
         integrations={integration: dict(settings or {})},
+        credentials={k: dict(v) for k, v in (credentials or {}).items()},
         source=(config_dir / "broker.toml") if config_dir else None,
     )
     ctx = context_for(config, _applying(sandbox, request_id, integration, params), memo)
@@ -196,6 +200,7 @@ class BrokerHarness:
         handlers: Iterable[Any] = (),
         policy: str | Mapping[str, Any] | Policy | None = None,
         integrations: Mapping[str, Mapping[str, Any]] | None = None,
+        credentials: Mapping[str, Mapping[str, Any]] | None = None,
         limits: Limits | None = None,
         sandbox: str = "default",
         builtins: bool = True,
@@ -219,6 +224,7 @@ class BrokerHarness:
             state_dir=self.state,
             limits=limits or Limits(),
             integrations=dict(integrations or {}),
+            credentials={k: dict(v) for k, v in (credentials or {}).items()},
             rescan_interval_s=2.0,
             staged=staged if isinstance(staged, Staged) else Staged.parse(staged),
         )

@@ -4,7 +4,8 @@
 
 A handler is an object the broker calls for one effect. It never sees the sandbox:
 params are already validated against its schema, attachments are host-side copies,
-secrets come only through `ctx.secret`. The broker calls, in this order:
+secrets come only through `ctx.credential` (minted for this call) or `ctx.secret`
+(standing). The broker calls, in this order:
 
     check_config(settings)          once, at start
     canonical(params, ctx)          on the loop, right after the params schema
@@ -91,7 +92,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from broker.errors import ConfigError, EffectFailed, InvalidParams
+from broker.errors import ConfigError, CredentialRefused, EffectFailed, InvalidParams
+from broker.grants import Grant, Grants, Scope
 from broker.models import Preview
 from broker.repositories import Repositories
 from broker.settings import Settings
@@ -106,13 +108,16 @@ __all__ = [
     "REQUIRED_METHODS",
     "ConfigError",
     "Context",
+    "CredentialRefused",
     "EffectFailed",
     "EffectHandler",
+    "Grant",
     "Handler",
     "InvalidParams",
     "Params",
     "Preview",
     "Revertible",
+    "Scope",
     "Settings",
     "optional_setting",
     "reject_unknown_keys",
@@ -131,6 +136,11 @@ class Context:
     request listed. `remember(data)` keeps what a preview showed (or an assessment
     observed) with the request, and `recall()` returns it at apply: the broker stores
     it with the request and drops it when the request ends.
+
+    `credential(scope)` is the credential of this call, minted for exactly `scope` by
+    the provider the integration names and revoked when the call ends; None when it
+    names none (use `secret`: a standing credential). A provider that cannot mint
+    raises CredentialRefused: let it through, never fall back to a static secret.
     """
 
     sandbox: str
@@ -144,6 +154,11 @@ class Context:
     recall: Callable[[], dict[str, Any] | None]
     repositories: Repositories = field(default_factory=Repositories)
     """`[repositories.*]`: the protected paths of each repository an effect writes to."""
+    grants: Grants | None = None
+    """What this call minted; whoever built the Context closes it (revoking them)."""
+
+    def credential(self, scope: Scope) -> Grant | None:
+        return self.grants.credential(scope) if self.grants is not None else None
 
 
 @runtime_checkable

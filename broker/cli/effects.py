@@ -4,6 +4,7 @@ kill switch (`broker effects disable|enable`), which holds on a running broker a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -48,8 +49,9 @@ def effects(
     choose(json_out, tsv)
     registry = guarded(default_registry)
     off = _switches(config, state)
+    held = _credentials(config, state)
     if json_out:
-        print_json(_rows(registry, off))
+        print_json(_rows(registry, off, held))
         return
     rows = [
         [
@@ -58,6 +60,7 @@ def effects(
             "yes" if h.idempotent else "no",
             h.undo,
             registry.origin(h.name),
+            held(h.name),
             _off(h.name, off),
         ]
         for h in registry
@@ -128,11 +131,22 @@ COLUMNS = (
     Column("idempotent"),
     Column("undo", wrap=True),
     Column("from", wrap=True),
+    Column("credential", wrap=True),
     Column("switch", wrap=True),
 )
 
 
-def _rows(registry: Registry, off: list[Switch]) -> list[dict[str, object]]:
+def _credentials(config: Path | None, state: Path | None) -> Callable[[str], str]:
+    """Effect name → what it applies with on this host (minted, standing, none)."""
+    from broker.grants import kind_of_credential
+
+    cfg = config_only(config, state)
+    return lambda name: kind_of_credential(cfg.integration(name.split(".", 1)[0]), cfg.credentials)
+
+
+def _rows(
+    registry: Registry, off: list[Switch], held: Callable[[str], str]
+) -> list[dict[str, object]]:
     return [
         {
             "effect": h.name,
@@ -141,6 +155,7 @@ def _rows(registry: Registry, off: list[Switch]) -> list[dict[str, object]]:
             "idempotent": h.idempotent,
             "undo": h.undo,
             "origin": registry.origin(h.name),
+            "credential": held(h.name),
             "schema": h.schema,
             "disabled": next((s.to_json() for s in off if s.covers(h.name)), None),
         }

@@ -14,7 +14,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from broker.clock import REAL, Clock
 from broker.config import Config
@@ -23,6 +23,7 @@ from broker.errors import Outcome
 from broker.events import Applied
 from broker.faults import fault
 from broker.lifecycle.marks import StartMarks
+from broker.masking import Masker
 from broker.models import Record
 from broker.registry import Effect
 from effects.base import Context
@@ -209,9 +210,25 @@ class Workers:
 
 def call(effect: Effect, record: Record, config: Config, marks: StartMarks) -> Applied:
     """Apply one request with its handler; the outcome as an event, never an exception."""
+    ctx = context_for(config, record)
+    applied = _call(effect, record, config, marks, ctx)
+    assert ctx.grants is not None
+    minted, used = ctx.grants.secrets(), ctx.grants.close()
+    if not used:
+        return applied
+    # the credential's scope is recorded with the outcome; the credential itself never
+    mask = Masker(minted)
+    output = {**mask(applied.output), "credential": used} if applied.output is not None else None
+    reason = mask.text(applied.reason) if applied.reason is not None else None
+    issues = mask(applied.issues)
+    return replace(applied, output=output, reason=reason, issues=issues, credential=used)
+
+
+def _call(
+    effect: Effect, record: Record, config: Config, marks: StartMarks, ctx: Context
+) -> Applied:
     try:
         params = record.envelope["params"]
-        ctx = context_for(config, record)
         if not idempotent(effect, record, config, ctx):
             marks.mark(record)
         fault("before_apply")

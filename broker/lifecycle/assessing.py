@@ -15,6 +15,7 @@ from broker.config import Config
 from broker.context import Memo, context_for
 from broker.errors import EffectFailed
 from broker.events import Assessed, Event, Key
+from broker.grants import kind_of_credential
 from broker.lifecycle.apply import Job, Workers
 from broker.models import Record
 from broker.policy.controls import LiveControls
@@ -131,6 +132,8 @@ def assess(
         else:
             protected, wanted = effect.protected_for(params, ctx), True
         preview = preview_of(effect, params, ctx, record) if wanted else None
+        if preview is not None:
+            preview = _with_credential(preview, config, effect.name)
     except EffectFailed as exc:
         return Assessed(record.key, record.sha256 or "", refused=exc)
     except Exception:
@@ -140,6 +143,9 @@ def assess(
             record.sha256 or "",
             broken="the handler failed while assessing this request; see the broker's log",
         )
+    finally:
+        if ctx.grants is not None:
+            ctx.grants.close()  # what a preview minted (read-only) ends with it
     return Assessed(record.key, record.sha256 or "", reversible, preview, memo.recall(), protected)
 
 
@@ -154,6 +160,14 @@ def preview_of(effect: Effect, params: Params, ctx: Context, record: Record) -> 
         return no_preview(
             effect.name, "the handler failed while computing its preview; see the broker's log"
         )
+
+
+def _with_credential(preview: dict[str, Any], config: Config, effect: str) -> dict[str, Any]:
+    """The card says what the apply will hold: a credential minted for it, or a standing one."""
+    held = kind_of_credential(config.integration(effect.split(".", 1)[0]), config.credentials)
+    if held == "none":
+        return preview
+    return {**preview, "facts": [*preview.get("facts", []), ["credential", held]]}
 
 
 def no_preview(effect: str, why: str) -> dict[str, Any]:

@@ -304,8 +304,10 @@ class Lifecycle:
         reason: str | None,
         output: dict[str, Any] | None,
         issues: list[dict[str, str]],
+        credential: list[dict[str, Any]] | None = None,
     ) -> Record:
-        """The handler came back: applied, failed or invalid, with what it said."""
+        """The handler came back: applied, failed or invalid, with what it said (and the
+        scopes of what was minted for it, for the audit event, failed or not)."""
         if status == "applied" and reason is None:
             reason = record.reason or "applied"
         record = self._move(
@@ -323,6 +325,7 @@ class Lifecycle:
             reason=record.reason,
             http_status=service_status(status, record.output),
             warning=service_warning(status, record.output),
+            **({"credential": credential} if credential else _credential(record.output)),
         )
         return record
 
@@ -362,3 +365,9 @@ def _human(seconds: float) -> str:
     if seconds >= 60 and seconds % 60 == 0:
         return f"{int(seconds // 60)}m"
     return f"{seconds:g}s"
+
+
+def _credential(output: dict[str, Any] | None) -> dict[str, Any]:
+    """The minted credentials' scopes (broker/grants.py), for the audit event."""
+    used = (output or {}).get("credential")
+    return {"credential": used} if isinstance(used, list) else {}

@@ -17,7 +17,7 @@ from typing import Any
 
 from broker.audit.log import event as audit_event
 from broker.config import Config
-from broker.context import context_for
+from broker.context import opened
 from broker.errors import DecisionError, EffectFailed
 from broker.models import Decision, Preview, Record, canonical_json, iso, now, sha256_hex
 from broker.registry import Effect, Registry
@@ -49,7 +49,8 @@ def plan(ledger: Store, registry: Registry, config: Config, ref: str) -> UndoPla
     if _undone(ledger, record):
         raise DecisionError(f"{where} was already undone")
     try:
-        preview = effect.revert_preview(record.output or {}, context_for(config, record))
+        with opened(config, record) as ctx:
+            preview = effect.revert_preview(record.output or {}, ctx)
     except EffectFailed as exc:
         why = exc.reason.removeprefix("failed: ")
         raise DecisionError(f"{where}: cannot be undone: {why}") from exc
@@ -94,7 +95,8 @@ def execute(
             )
         )
     try:
-        output = chosen.effect.revert(original.output or {}, context_for(config, original))
+        with opened(config, original) as ctx:
+            output = chosen.effect.revert(original.output or {}, ctx)
         state, reason = "applied", f"undone by {who}"
     except EffectFailed as exc:
         output, state, reason = None, "failed", exc.reason

@@ -189,7 +189,9 @@ class Stages:
         self.finished(record, done, batch)
 
     def finished(self, record: Record, done: Applied, batch: Batch) -> None:
-        record = self.lifecycle.finish(record, done.status, done.reason, done.output, done.issues)
+        record = self.lifecycle.finish(
+            record, done.status, done.reason, done.output, done.issues, done.credential
+        )
         batch.answer.append(record)
         batch.answer.extend(self.lifecycle.settle_replays(record))
 

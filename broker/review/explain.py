@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.config import Config
-from broker.context import context_for
+from broker.context import opened
 from broker.errors import BrokerError, EffectFailed, Outcome
 from broker.intake import claims as intake
 from broker.intake.canonical import canonical_request
@@ -103,12 +103,12 @@ def _assess(
         payload=request.payload.decode("utf-8"),
         sha256=request.sha256,
     )
-    ctx = context_for(cfg, record)
     params = dict(request.params)
     try:
-        effect.check(request.params, ctx)
-        reversible = effect.reversible_for(request.params, ctx)
-        protected = effect.protected_for(request.params, ctx)
+        with opened(cfg, record) as ctx:  # an assessment may mint (read-only): revoked here
+            effect.check(request.params, ctx)
+            reversible = effect.reversible_for(request.params, ctx)
+            protected = effect.protected_for(request.params, ctx)
     except EffectFailed as exc:
         return Explanation(None, outcome=exc.reason, params=params)
     controls = None

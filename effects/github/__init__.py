@@ -9,6 +9,7 @@ Settings, `[integrations.github]`:
     app_id = 12345                        #   the App's id,
     private_key_file = "github-app.pem"   #   its private key (or private_key_env),
     installation_id = 6789                #   and its installation on the account
+    credential = "acme-app"               # or a provider: [credentials.acme-app]
     base_url = "https://api.github.com"   # GitHub Enterprise: "https://HOST/api/v3"
     repos = ["acme/*"]                    # optional: the only repositories requests may name
     allow_mentions = false                # true: @user and @org/team in text stay live
@@ -35,7 +36,8 @@ nobody saw.
 
 Modules, one per concern:
 
-    settings  [integrations.github], checked, and the PyGithub client (credentials)
+    settings  [integrations.github], checked, and the PyGithub client with the
+              credential of this call (minted for the repository by a GitHub App)
     errors    PyGithub's and requests' exceptions → EffectFailed
     api       `Api`: one method per REST call
     text      mentions neutralised, text on one line
@@ -54,12 +56,13 @@ from effects.github.api import Api
 from effects.github.errors import edge, translate
 from effects.github.issues import IssueComment, IssueCreate, LabelAdd, PullRequestComment
 from effects.github.pulls import PullRequestCreate
-from effects.github.settings import APP_TOKEN_CALL, check_settings, client
+from effects.github.settings import APP_REVOKE_CALL, APP_TOKEN_CALL, check_settings, client
 from effects.github.text import neutralise
 
 HANDLERS = (PullRequestCreate, PullRequestComment, IssueCreate, IssueComment, LabelAdd)
 
 __all__ = [
+    "APP_REVOKE_CALL",
     "APP_TOKEN_CALL",
     "HANDLERS",
     "Api",

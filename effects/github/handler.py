@@ -18,6 +18,7 @@ from effects.github.settings import (
     DEFAULT_BASE_URL,
     check_settings,
     client,
+    scope_for,
     settings_of,
 )
 from effects.github.text import Text
@@ -27,6 +28,8 @@ class GitHubHandler(Handler):
     """What the github.* effects share: settings, the allowlist, a client per call."""
 
     config_keys = CONFIG_KEYS
+    permissions: tuple[str, ...] = ("issues",)
+    """What the effect's apply and undo write; its preview reads the same, read-only."""
 
     def check_config(self, settings: Mapping[str, Any]) -> None:
         check_settings(settings)
@@ -50,9 +53,17 @@ class GitHubHandler(Handler):
                 "repo_not_allowed",
             )
 
-    def _api(self, params: Params, ctx: Context) -> Api:
+    def _api(self, params: Params, ctx: Context, write: bool = False) -> Api:
+        """An Api on the request's repository, with a credential for it alone: the
+        effect's permissions to write (apply, undo), else to read (preview)."""
         self._allowed(params["repo"], ctx)
-        return Api(client(ctx), params["repo"])
+        level = "write" if write else "read"
+        wanted = tuple(f"{p}:{level}" for p in self.needs(params))
+        return Api(client(ctx, scope_for(params["repo"], wanted, ctx)), params["repo"])
+
+    def needs(self, params: Params) -> tuple[str, ...]:
+        """The GitHub App permissions this request needs (besides metadata)."""
+        return self.permissions
 
     @staticmethod
     def _url(ctx: Context) -> str:

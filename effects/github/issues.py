@@ -44,7 +44,7 @@ class IssueCreate(GitHubHandler):
         text = self._text(ctx)
         title, body = text(params["title"]), text(params.get("body"))
         with self._edge(f"opening an issue in {params['repo']}", ctx):
-            api = self._api(params, ctx)
+            api = self._api(params, ctx, write=True)
             issue = api.create_issue(title=title, body=body, labels=params.get("labels", []))
         return {
             "repo": params["repo"],
@@ -63,7 +63,7 @@ class IssueCreate(GitHubHandler):
     def revert(self, output: Mapping[str, Any], ctx: Context) -> JSON:
         number = int(output["number"])
         with self._edge(f"closing issue #{number} in {output['repo']}", ctx):
-            api = self._api(output, ctx)
+            api = self._api(output, ctx, write=True)
             if api.issue(number).get("state") == "closed":
                 return {"number": number, "closed": False, "note": "it was closed already"}
             api.close_issue(number)
@@ -100,7 +100,7 @@ class _Comment(GitHubHandler):
         body = text(params["body"])
         number = int(params["number"])
         with self._edge(f"commenting on {self.kind} #{number} in {params['repo']}", ctx):
-            api = self._api(params, ctx)
+            api = self._api(params, ctx, write=True)
             self._target(api, number)
             made = api.comment(number, body)
         return {
@@ -119,7 +119,7 @@ class _Comment(GitHubHandler):
 
     def revert(self, output: Mapping[str, Any], ctx: Context) -> JSON:
         with self._edge(f"deleting comment {output['id']} in {output['repo']}", ctx):
-            api = self._api(output, ctx)
+            api = self._api(output, ctx, write=True)
             from github.GithubException import UnknownObjectException
 
             try:
@@ -154,6 +154,7 @@ class PullRequestComment(_Comment):
     name = "github.pull_request.comment"
     identifying = ("repo", "number")
     kind = "pull request"
+    permissions = ("pull_requests",)
 
     def _target(self, api: Api, number: int) -> dict[str, Any]:
         from github.GithubException import UnknownObjectException
@@ -203,7 +204,7 @@ class LabelAdd(GitHubHandler):
     def apply(self, params: Params, ctx: Context) -> JSON:
         number = int(params["number"])
         with self._edge(f"labelling #{number} in {params['repo']}", ctx):
-            api = self._api(params, ctx)
+            api = self._api(params, ctx, write=True)
             new = _missing(params["labels"], api.labels(number))
             labels = api.add_labels(number, new) if new else api.labels(number)
         return {"repo": params["repo"], "number": number, "added": new, "labels": labels}
@@ -221,7 +222,7 @@ class LabelAdd(GitHubHandler):
         number = int(output["number"])
         removed = []
         with self._edge(f"removing labels from #{number} in {output['repo']}", ctx):
-            api = self._api(output, ctx)
+            api = self._api(output, ctx, write=True)
             for label in output.get("added") or []:
                 from github.GithubException import UnknownObjectException
 

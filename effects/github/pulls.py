@@ -42,6 +42,11 @@ class PullRequestCreate(GitHubHandler):
     )
 
     assess_inline = True  # protected_for reads params and settings only
+    permissions = ("contents", "pull_requests")
+
+    def needs(self, params: Params) -> tuple[str, ...]:
+        """Contents and pull requests; issues too when labels go on the pull request."""
+        return (*self.permissions, "issues") if params.get("labels") else self.permissions
 
     def canonical(self, params: Params, ctx: Context) -> Params:
         """The repo in lower case, plain branch names, each file's path in its one form."""
@@ -114,7 +119,7 @@ class PullRequestCreate(GitHubHandler):
 
     def apply(self, params: Params, ctx: Context) -> JSON:
         with self._edge(f"opening a pull request in {params['repo']}", ctx):
-            return self._apply(self._api(params, ctx), params, ctx, ctx.recall())
+            return self._apply(self._api(params, ctx, write=True), params, ctx, ctx.recall())
 
     def _apply(
         self, api: Api, params: Params, ctx: Context, seen: Mapping[str, Any] | None
@@ -274,7 +279,7 @@ class PullRequestCreate(GitHubHandler):
         number = int(output["number"])
         done: JSON = {"number": number, "closed": False, "branch_deleted": False}
         with self._edge(f"closing pull request #{number} in {output['repo']}", ctx):
-            api = self._api(output, ctx)
+            api = self._api(output, ctx, write=True)
             pull = api.pull(number)
             if pull.get("merged"):
                 raise EffectFailed(

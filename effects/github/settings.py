@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from broker.errors import ConfigError, EffectFailed
-from effects.base import Context, Settings
+from effects.base import Context, Scope, Settings
 
 if TYPE_CHECKING:  # imported by the calls that use them: a start never pays for PyGithub
     from github import Github
@@ -43,10 +43,13 @@ CONFIG_KEYS = frozenset(
         "webhook_secret_env",
         "webhook_secret_file",
         "poll_interval",
+        "credential",
     }
 )
 APP_TOKEN_CALL = ("POST", "/app/installations/{installation_id}/access_tokens")
-"""What PyGithub sends first with GitHub App credentials, before any `Api` call."""
+"""What a GitHub App's provider sends first (broker/credentials/github_app.py)."""
+APP_REVOKE_CALL = ("DELETE", "/installation/token")
+"""What it sends when the call ends."""
 _LOOPBACK_NAMES = {"localhost"}
 
 
@@ -104,6 +107,11 @@ def _check_credentials(settings: Mapping[str, Any], where: str) -> None:
     key = [k for k in ("private_key_env", "private_key_file") if k in settings]
     if len(token) > 1 or len(key) > 1:
         raise ConfigError(f"{where}.{(token + key)[-1]}: give one of *_env or *_file, not both")
+    if "credential" in settings and (token or app or key):
+        raise ConfigError(
+            f"{where}.credential: give either a provider ([credentials.NAME]) or the "
+            f"credentials here ({(token + app + key)[0]}), not both"
+        )
     if token and (app or key):
         raise ConfigError(
             f"{where}.{(app + key)[0]}: give either a token (token_env) or a GitHub App "
@@ -158,39 +166,32 @@ def settings_of(ctx: Context) -> GitHubSettings:
         ) from exc
 
 
-def client(ctx: Context) -> Github:
-    """A PyGithub client with the host's credentials for one handler call."""
-    import jwt
+def scope_for(repo: str, permissions: tuple[str, ...], ctx: Context) -> Scope:
+    """What one call needs of GitHub: one repository, these permissions, and metadata."""
+    actions = tuple(sorted({*permissions, "metadata:read"}))
+    return Scope("github", (repo,), actions, endpoint=settings_of(ctx).base_url)
+
+
+def client(ctx: Context, scope: Scope | None = None) -> Github:
+    """A PyGithub client for one handler call: with a token minted for `scope` when the
+    integration names a provider (a GitHub App), else with the host's standing token."""
     from github import Auth, Github
 
     settings = settings_of(ctx)
+    grant = ctx.credential(scope) if scope is not None else None
     try:
-        token = ctx.secret("token")
-        key = ctx.secret("private_key") if "app_id" in ctx.settings else None
+        token = grant.token if grant is not None else ctx.secret("token")
     except ConfigError as exc:
         raise EffectFailed(
             f"failed: the host's GitHub credentials are unavailable ({exc}); ask the operator"
         ) from exc
-    auth: Auth.Auth
-    if token:
-        auth = Auth.Token(token)
-    elif key:
-        app = Auth.AppAuth(int(ctx.settings["app_id"]), key)
-        try:
-            app.create_jwt()
-        except (ValueError, TypeError, jwt.PyJWTError) as exc:
-            raise EffectFailed(
-                "failed: the host's GitHub App private key cannot sign a token "
-                f"({type(exc).__name__}); ask the operator to check private_key_file"
-            ) from exc
-        auth = app.get_installation_auth(int(ctx.settings["installation_id"]))
-    else:
+    if not token:
         raise EffectFailed(
             "failed: GitHub is not configured on this host ([integrations.github] token_env, "
             "or app_id, private_key_file and installation_id); ask the operator"
         )
     return Github(
-        auth=auth,
+        auth=Auth.Token(token),
         base_url=settings.base_url,
         timeout=settings.timeout,
         user_agent=USER_AGENT,

@@ -7,8 +7,13 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from broker.errors import ConfigError, EffectFailed
-from effects.base import Context
+from effects.base import Context, Scope
 from effects.s3.settings import SECRETS
+
+READS = ("s3:GetBucketVersioning", "s3:GetObject", "s3:GetObjectVersion", "s3:ListBucketVersions")
+"""What observing an object takes (read_state): its bucket's versioning, head, versions."""
+PUT = ("s3:PutObject",)
+DELETE = ("s3:DeleteObject", "s3:DeleteObjectVersion")
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -48,9 +53,29 @@ def _make_clients(
     return make(3), make(1)
 
 
-def clients(ctx: Context) -> tuple[S3Client, S3Client]:
-    """(reader, writer) for this host's settings; the writer never retries."""
+def object_scope(
+    bucket: str, key: str, writes: tuple[str, ...] = (), source: tuple[str, str] | None = None
+) -> Scope:
+    """One object (and its bucket, for versioning and versions), read or written; a
+    copy's source read only."""
+    arns = (f"arn:aws:s3:::{bucket}/{key}", f"arn:aws:s3:::{bucket}")
+    read = (f"arn:aws:s3:::{source[0]}/{source[1]}", f"arn:aws:s3:::{source[0]}") if source else ()
+    return Scope("aws", arns, tuple(sorted({*READS, *writes})), read=read)
+
+
+def clients(ctx: Context, scope: Scope) -> tuple[S3Client, S3Client]:
+    """(reader, writer) for this host's settings, with a session minted for `scope` when
+    the integration names a provider (STS), else the host's standing keys; the writer
+    never retries."""
     settings = ctx.settings
+    grant = ctx.credential(scope)
+    if grant is not None:
+        return _make_clients(
+            settings.get("endpoint_url"),
+            settings.get("region"),
+            settings.get("addressing_style", "auto"),
+            *(grant.values[key] for key in SECRETS),
+        )
     try:
         creds = [ctx.secret(key) for key in SECRETS]
     except ConfigError as exc:

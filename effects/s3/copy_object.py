@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 from broker.errors import EffectFailed
 from broker.models import Preview
 from broker.typing import JSON, Params
-from effects.base import Context
-from effects.s3.clients import clients, endpoint
+from effects.base import Context, Scope
+from effects.s3.clients import PUT, clients, endpoint, object_scope
 from effects.s3.conditions import condition, holds, unquote
 from effects.s3.errors import Op, edge
 from effects.s3.previews import VERSIONING, condition_fact, shown_body, state_facts, write_undo
@@ -40,11 +40,19 @@ class CopyObject(WriteEffect):
             raise EffectFailed(f"failed: the source s3://{bucket}/{key} does not exist")
         return state
 
+    def _reads(self, params: Params) -> Scope:
+        source = (params["source_bucket"], params["source_key"])
+        return object_scope(params["bucket"], params["key"], source=source)
+
+    def _writes(self, params: Params) -> Scope:
+        source = (params["source_bucket"], params["source_key"])
+        return object_scope(params["bucket"], params["key"], PUT, source)
+
     def _observe(self, params: Params, ctx: Context, stage: str) -> State:
         return self._observe_both(params, ctx, stage)[0]
 
     def _observe_both(self, params: Params, ctx: Context, stage: str) -> tuple[State, State]:
-        reader, _ = clients(ctx)
+        reader, _ = clients(ctx, self._reads(params))
         source = self._source(params, ctx, reader)
         state = read_state(reader, ctx, params["bucket"], params["key"])
         remember(ctx, Seen(stage, state, source))
@@ -55,7 +63,7 @@ class CopyObject(WriteEffect):
         target = f"s3://{bucket}/{key}"
         source_name = f"s3://{params['source_bucket']}/{params['source_key']}"
         state, source = self._observe_both(params, ctx, "approver")
-        reader, _ = clients(ctx)
+        reader, _ = clients(ctx, self._reads(params))
         new = fetch(
             reader, ctx, params["source_bucket"], params["source_key"], source, source.version_id
         )
@@ -85,7 +93,7 @@ class CopyObject(WriteEffect):
         check_target(ctx.settings, bucket, key)
         check_target(ctx.settings, params["source_bucket"], params["source_key"], "source_")
         target = f"s3://{bucket}/{key}"
-        reader, writer = clients(ctx)
+        reader, writer = clients(ctx, self._writes(params))
         seen = recall(ctx)
         source = self._source(params, ctx, reader)
         was = seen.source if seen is not None and seen.stage == "approver" else None

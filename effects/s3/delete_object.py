@@ -10,7 +10,7 @@ from broker.errors import EffectFailed
 from broker.models import Preview
 from broker.typing import JSON, Params
 from effects.base import Context
-from effects.s3.clients import clients, endpoint
+from effects.s3.clients import DELETE, clients, endpoint, object_scope
 from effects.s3.conditions import condition
 from effects.s3.errors import Op, edge
 from effects.s3.handler import ObjectEffect, Undo
@@ -50,7 +50,7 @@ class DeleteObject(ObjectEffect):
             facts.append(("undo", "reversible: undo removes the delete marker"))
         else:
             facts.append(("undo", "IRREVERSIBLE: the bucket keeps no versions"))
-        reader, _ = clients(ctx)
+        reader, _ = clients(ctx, self._reads(params))
         current = as_text(fetch(reader, ctx, bucket, key, state))
         return Preview(
             title=f"delete {target} ({state.size} bytes)",
@@ -63,7 +63,7 @@ class DeleteObject(ObjectEffect):
         bucket, key = params["bucket"], params["key"]
         check_target(ctx.settings, bucket, key)
         target = f"s3://{bucket}/{key}"
-        reader, writer = clients(ctx)
+        reader, writer = clients(ctx, object_scope(bucket, key, DELETE))
         now = read_state(reader, ctx, bucket, key)
         cond, conflict = condition(target, params, recall(ctx), now)
         out: JSON = {"bucket": bucket, "key": key, "versioned": now.versioned}
@@ -92,7 +92,7 @@ class DeleteObject(ObjectEffect):
             raise EffectFailed(
                 f"{target} was deleted from a bucket without versioning; it is gone for good"
             )
-        reader, _ = clients(ctx)
+        reader, _ = clients(ctx, object_scope(bucket, key))
         latest = latest_version(reader, ctx, bucket, key)
         if latest != (marker, True):
             raise EffectFailed(

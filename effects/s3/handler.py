@@ -10,8 +10,8 @@ from typing import Any
 from broker.errors import EffectFailed, InvalidParams
 from broker.models import Preview
 from broker.typing import JSON, Params
-from effects.base import Context, Handler
-from effects.s3.clients import clients, endpoint
+from effects.base import Context, Handler, Scope
+from effects.s3.clients import DELETE, clients, endpoint, object_scope
 from effects.s3.errors import Op, edge
 from effects.s3.seen import Seen, remember
 from effects.s3.settings import CONFIG_KEYS, check_settings, check_target, protected
@@ -57,13 +57,17 @@ class ObjectEffect(Handler):
         return self._reversible(state, params)
 
     def _observe(self, params: Params, ctx: Context, stage: str) -> State:
-        reader, _ = clients(ctx)
+        reader, _ = clients(ctx, self._reads(params))
         state = read_state(reader, ctx, params["bucket"], params["key"])
         remember(ctx, Seen(stage, state))
         return state
 
     def _reversible(self, state: State, params: Params) -> bool:
         raise NotImplementedError
+
+    def _reads(self, params: Params) -> Scope:
+        """What observing the request's target needs (a preview, an assessment)."""
+        return object_scope(params["bucket"], params["key"])
 
     def revert_preview(self, output: Mapping[str, Any], ctx: Context) -> Preview:
         """What `revert` will do to this output, computed from S3 as it is now."""
@@ -72,7 +76,7 @@ class ObjectEffect(Handler):
     def revert(self, output: Mapping[str, Any], ctx: Context) -> JSON:
         """Undo what `apply` returned as `output`; EffectFailed when it cannot be undone."""
         undo = self._undo(output, ctx)
-        reader, writer = clients(ctx)
+        reader, writer = clients(ctx, object_scope(undo.bucket, undo.key, DELETE))
         target = f"s3://{undo.bucket}/{undo.key}"
         op = Op(
             f"undoing {self.name} on {target}",

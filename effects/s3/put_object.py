@@ -10,7 +10,7 @@ from broker.models import Preview
 from broker.typing import JSON, Params
 from effects.base import Context
 from effects.s3.bodies import Body, attachment_path, decode_b64
-from effects.s3.clients import clients, endpoint
+from effects.s3.clients import PUT, clients, endpoint, object_scope
 from effects.s3.conditions import condition
 from effects.s3.errors import Op, edge
 from effects.s3.previews import VERSIONING, condition_fact, shown_body, state_facts, write_undo
@@ -49,7 +49,7 @@ class PutObject(WriteEffect):
         target = f"s3://{bucket}/{key}"
         state = self._observe(params, ctx, "approver")
         body = Body.of(params, ctx)
-        reader, _ = clients(ctx)
+        reader, _ = clients(ctx, self._reads(params))
         shown, kind = shown_body(
             fetch(reader, ctx, bucket, key, state), body.head(), target, body.size
         )
@@ -77,7 +77,7 @@ class PutObject(WriteEffect):
         check_target(ctx.settings, bucket, key)  # the allowlist may have shrunk since intake
         target = f"s3://{bucket}/{key}"
         body = Body.of(params, ctx)
-        reader, writer = clients(ctx)
+        reader, writer = clients(ctx, object_scope(bucket, key, PUT))
         now = read_state(reader, ctx, bucket, key)
         cond, conflict = condition(target, params, recall(ctx), now)
         extra: dict[str, Any] = {"ContentType": body.content_type, **cond}

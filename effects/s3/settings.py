@@ -19,7 +19,7 @@ SECRETS = ("access_key_id", "secret_access_key", "session_token")
 """The credentials, each a `<name>_env` or `<name>_file` reference."""
 _STYLES = ("auto", "path", "virtual")
 CONFIG_KEYS = frozenset(
-    {"allow", "endpoint_url", "region", "addressing_style", "protected_keys"}
+    {"allow", "endpoint_url", "region", "addressing_style", "protected_keys", "credential"}
     | {f"{s}_{how}" for s in SECRETS for how in ("env", "file")}
 )
 

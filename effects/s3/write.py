@@ -10,7 +10,7 @@ from broker.errors import EffectFailed
 from broker.models import Preview
 from broker.typing import JSON, Params
 from effects.base import Context
-from effects.s3.clients import clients
+from effects.s3.clients import clients, object_scope
 from effects.s3.conditions import unquote
 from effects.s3.handler import ObjectEffect, Undo
 from effects.s3.previews import VERSIONING, shown_body, state_facts, write_undo
@@ -55,7 +55,7 @@ class WriteEffect(ObjectEffect):
         previous = output.get("previous")
         if not isinstance(previous, Mapping) or "exists" not in previous:
             raise EffectFailed(f"this output does not say what {target} held before")
-        reader, _ = clients(ctx)
+        reader, _ = clients(ctx, object_scope(bucket, key))
         now = read_state(reader, ctx, bucket, key)
         version = output.get("version_id")
         if output.get("versioned") and version:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from broker.integrations.github_threads import THREAD_CALLS
-from effects.github import APP_TOKEN_CALL, Api
+from effects.github import APP_REVOKE_CALL, APP_TOKEN_CALL, Api
 from tests.effects.github.fake import FakeGitHub, seed_repo
 from tests.effects.github.prism import (
     GITHUB_SPEC_FILE,
@@ -51,7 +51,12 @@ def prism_launch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prism | N
         yield None
         return
     folder = tmp_path_factory.mktemp("prism")
-    operations = [*Api.operations().values(), APP_TOKEN_CALL, *THREAD_CALLS.values()]
+    operations = [
+        *Api.operations().values(),
+        APP_TOKEN_CALL,
+        APP_REVOKE_CALL,
+        *THREAD_CALLS.values(),
+    ]
     spec = (
         GITHUB_SPEC_FILE
         if os.environ.get("PRISM_FULL_SPEC")

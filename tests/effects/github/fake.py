@@ -143,6 +143,39 @@ class Fault:
     delay: float
 
 
+APP_PERMISSIONS = {
+    "contents": "write",
+    "pull_requests": "write",
+    "issues": "write",
+    "metadata": "read",
+}
+"""What the test App is granted on its installation ("write" > "read" as strings)."""
+
+
+def needed(route: str, verb: str) -> tuple[set[str], str]:
+    """The permissions of which any one, at this level, lets a token call `route`."""
+    level = "read" if verb == "GET" else "write"
+    if "/git/" in route or "/compare/" in route:
+        return {"contents"}, level
+    if "/pulls" in route:
+        return {"pull_requests"}, level
+    return {"issues", "pull_requests"}, level  # GitHub takes either on a PR's issue routes
+
+
+@dataclass
+class Minted:
+    """An installation token the fake issued: the repositories and permissions it has."""
+
+    repositories: set[str] | None
+    permissions: dict[str, str]
+
+    def allows(self, full_name: str, route: str, verb: str) -> bool:
+        if self.repositories is not None and full_name not in self.repositories:
+            return False
+        names, level = needed(route, verb)
+        return any(self.permissions.get(n, "") >= level for n in names)
+
+
 @dataclass
 class Repo:
     """One repository: its bare git directory and its issues, pulls and comments."""
@@ -225,11 +258,13 @@ class FakeGitHub:
         self.repos: dict[str, Repo] = {}
         self.calls: list[Call] = []
         self.faults: list[Fault] = []
-        self.installation_tokens: set[str] = set()
+        self.installation_tokens: dict[str, Minted] = {}
+        self.revoked: list[str] = []
         self._lock = threading.RLock()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._next_comment = 1000
+        self._verb = "GET"
         self._routes: list[tuple[str, str, re.Pattern[str], Endpoint]] = []
         for method, route, fn in self._endpoints():
             pattern = re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", route)
@@ -340,6 +375,7 @@ class FakeGitHub:
                     status, data, extra = fault.status, fault.body, fault.headers
                     break
                 params = {k: unquote(v) for k, v in match.groupdict().items()}
+                self._verb = method
                 status, data = self._call(fn, params, query, body, auth, route)
                 break
             else:
@@ -365,10 +401,21 @@ class FakeGitHub:
         route: str,
     ) -> Reply:
         if route.startswith("/app/"):
-            return self._access_token(params, auth)
-        if auth.split(" ", 1)[-1] not in {self.token, *self.installation_tokens}:
+            return self._access_token(params, auth, body)
+        presented = auth.split(" ", 1)[-1]
+        if route == "/installation/token":
+            if self.installation_tokens.pop(presented, None) is None:
+                return 401, {"message": "Bad credentials"}
+            self.revoked.append(presented)
+            return 204, None
+        if presented not in {self.token, *self.installation_tokens}:
             return 401, {"message": "Bad credentials", "documentation_url": "https://docs"}
-        repo = self.repos.get(f"{params.get('owner')}/{params.get('repo')}".lower())
+        full_name = f"{params.get('owner')}/{params.get('repo')}".lower()
+        minted = self.installation_tokens.get(presented)
+        if minted is not None and not minted.allows(full_name, route, self._verb):
+            # GitHub answers a token without the repository or the permission so
+            return 403, {"message": "Resource not accessible by integration"}
+        repo = self.repos.get(full_name)
         if repo is None:
             return 404, {"message": "Not Found"}
         try:
@@ -376,7 +423,7 @@ class FakeGitHub:
         except GitFailed:
             return 404, {"message": "Not Found"}
 
-    def _access_token(self, params: dict[str, str], auth: str) -> Reply:
+    def _access_token(self, params: dict[str, str], auth: str, body: Any) -> Reply:
         if self.app is None:
             return 404, {"message": "Not Found"}
         app_id, public_key, installation = self.app
@@ -393,20 +440,38 @@ class FakeGitHub:
             return 401, {"message": "'Issuer' claim ('iss') must be the App's id"}
         if params["installation_id"] != str(installation):
             return 404, {"message": "Not Found"}
+        body = body if isinstance(body, dict) else {}
+        names = body.get("repositories")
+        owned = {r.full_name.split("/")[1].lower(): r.full_name for r in self.repos.values()}
+        if names is not None and any(str(n).lower() not in owned for n in names):
+            return 422, {
+                "message": "There is at least one repository that does not exist or is not "
+                "accessible to the parent installation."
+            }
+        permissions = dict(body.get("permissions") or APP_PERMISSIONS)
+        if any(APP_PERMISSIONS.get(k, "") < v for k, v in permissions.items()):
+            return 422, {
+                "message": "The permissions requested are not granted to this installation."
+            }
         token = "ghs_" + secrets.token_hex(16)
-        self.installation_tokens.add(token)
+        repos = None if names is None else {owned[str(n).lower()].lower() for n in names}
+        self.installation_tokens[token] = Minted(repos, {**permissions, "metadata": "read"})
         expires = (datetime.now(UTC) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
-        return 201, {
+        answer: dict[str, Any] = {
             "token": token,
             "expires_at": expires,
-            "permissions": {"contents": "write", "pull_requests": "write", "issues": "write"},
-            "repository_selection": "all",
+            "permissions": self.installation_tokens[token].permissions,
+            "repository_selection": "all" if repos is None else "selected",
         }
+        if repos is not None:
+            answer["repositories"] = [{"full_name": r} for r in sorted(repos)]
+        return 201, answer
 
     def _endpoints(self) -> list[tuple[str, str, Endpoint]]:
         r = "/repos/{owner}/{repo}"
         return [
             ("POST", "/app/installations/{installation_id}/access_tokens", self._no_repo),
+            ("DELETE", "/installation/token", self._no_repo),
             ("GET", f"{r}/git/ref/{{ref}}", self._get_ref),
             ("POST", f"{r}/git/refs", self._create_ref),
             ("DELETE", f"{r}/git/refs/{{ref}}", self._delete_ref),

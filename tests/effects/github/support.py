@@ -32,7 +32,12 @@ class Hub:
     settings: dict[str, Any]
     memos: dict[str, Memo] = dataclasses.field(default_factory=dict)
 
-    def ctx(self, request_id: str = "r1", **settings: Any) -> Context:
+    def ctx(
+        self,
+        request_id: str = "r1",
+        credentials: dict[str, dict[str, Any]] | None = None,
+        **settings: Any,
+    ) -> Context:
         """A handler's context; settings given here override the hub's (None: removed).
         One Memo per request id, as the broker keeps what a preview saw until apply."""
         table = {k: v for k, v in {**self.settings, **settings}.items() if v is not None}
@@ -44,6 +49,7 @@ class Hub:
             request_sha256=hashlib.sha256(request_id.encode()).hexdigest(),
             state_dir=self.state,
             memo=self.memos.setdefault(request_id, Memo()),
+            credentials=credentials,
         )
 
     def sha(self, branch: str) -> str | None:

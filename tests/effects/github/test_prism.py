@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
-import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +14,7 @@ from broker.testing import make_context
 from effects import github as gh
 from effects.base import Context
 from effects.github import (
+    APP_REVOKE_CALL,
     APP_TOKEN_CALL,
     Api,
     IssueComment,
@@ -26,7 +25,7 @@ from effects.github import (
 )
 from tests.effects.github.fake import FakeGitHub
 from tests.effects.github.prism import RecordingProxy
-from tests.effects.github.support import FILES, REPO, TOKEN, TOKEN_ENV, app_key, pr
+from tests.effects.github.support import FILES, REPO, TOKEN, TOKEN_ENV, pr
 
 gh_errors = importlib.import_module("github.GithubException")
 
@@ -93,7 +92,7 @@ def accepted(exchanges: list[Any]) -> None:
 def test_the_fake_serves_exactly_the_handlers_operations() -> None:
     """Stand-in: none. The fake routes exactly the REST calls Api names, by the same paths."""
     routes = {(method, route) for method, route, _, _ in FakeGitHub()._routes}
-    assert routes == {*Api.operations().values(), APP_TOKEN_CALL}
+    assert routes == {*Api.operations().values(), APP_TOKEN_CALL, APP_REVOKE_CALL}
     assert set(PRISM_CASES) == set(Api.operations())
 
 
@@ -136,21 +135,3 @@ def test_prism_accepts_every_handlers_calls(
         if out.get("created", True):
             handler.revert(out, ctx)
     accepted(prism.take())
-
-
-def test_prism_accepts_the_github_app_token_exchange(prism: RecordingProxy, tmp_path: Path) -> None:
-    """Stand-in: Prism. The App's installation-token request matches GitHub's description."""
-    key_file, _ = app_key(tmp_path)
-    settings = {"app_id": 4242, "private_key_file": str(key_file), "installation_id": 77}
-    ctx = dataclasses.replace(
-        prism_ctx(prism, tmp_path),
-        settings={"base_url": prism.url, **settings},
-        secret=lambda key: key_file.read_text() if key == "private_key" else None,
-    )
-    prism.take()
-    IssueCreate().apply({"repo": REPO, "title": "t"}, ctx)
-    exchanges = prism.take()
-    accepted(exchanges)
-    assert exchanges[0].method == "POST"
-    assert exchanges[0].path == "/app/installations/77/access_tokens"
-    assert json.dumps([e.path for e in exchanges]).count("/repos/acme/api/issues") == 1

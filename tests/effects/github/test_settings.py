@@ -85,7 +85,9 @@ def test_github_app_credentials_get_an_installation_token(tmp_path: Path, hub: H
     assert hub.fake.called("POST", "/repos/{owner}/{repo}/issues")[0].auth.startswith("token ghs_")
     key_file.write_text("not a key")
     with pytest.raises(EffectFailed, match="private key cannot sign"):
-        IssueCreate().apply({"repo": REPO, "title": "t"}, ctx)
+        IssueCreate().apply(
+            {"repo": REPO, "title": "t"}, hub.ctx("r2", token_env=None, repos=None, **settings)
+        )
 
 
 def test_relative_token_file_is_read_beside_broker_toml(
