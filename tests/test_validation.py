@@ -169,7 +169,7 @@ def test_unknown_param_is_reported_at_its_path(
 
 def test_several_errors_are_listed_one_per_entry(validating_harness: BrokerHarness) -> None:
     """Every envelope error is listed, each with its own path, and the reason counts them."""
-    doc = {"version": 2, "id": "several", "effect": "Files.Write", "params": [], "approved": True}
+    doc = {"version": 3, "id": "several", "effect": "Files.Write", "params": [], "approved": True}
 
     result = answer(validating_harness, doc, "several")
 
@@ -178,7 +178,7 @@ def test_several_errors_are_listed_one_per_entry(validating_harness: BrokerHarne
         ("/approved", "unknown_property"),
         ("/effect", "pattern"),
         ("/params", "type"),
-        ("/version", "const"),
+        ("/version", "enum"),
     ]
     assert "(and 3 more)" in result["reason"]
 
@@ -308,9 +308,9 @@ def test_envelope_lists_every_missing_member(validator: Validator) -> None:
 @pytest.mark.parametrize(
     "changes, expected",
     [
-        ({"version": 2}, ("/version", "const")),
-        ({"version": "1"}, ("/version", "const")),
-        ({"version": True}, ("/version", "const")),
+        ({"version": 3}, ("/version", "enum")),
+        ({"version": "1"}, ("/version", "enum")),
+        ({"version": True}, ("/version", "enum")),
         ({"effect": "Files.write"}, ("/effect", "pattern")),
         ({"effect": "files"}, ("/effect", "pattern")),
         ({"effect": "a.b.c.d"}, ("/effect", "pattern")),
@@ -371,7 +371,7 @@ def test_envelope_summary_names_the_first_path_and_counts_the_rest(
 ) -> None:
     """The reason an agent reads names one problem and says how many more there are."""
     with pytest.raises(Rejected) as info:
-        validator.envelope({"version": 2, "id": "a b", "effect": "X", "params": 1, "extra": 1})
+        validator.envelope({"version": 3, "id": "a b", "effect": "X", "params": 1, "extra": 1})
     assert len(info.value.issues) == 5
     assert info.value.reason.startswith(f"invalid: {info.value.issues[0].path}: ")
     assert info.value.reason.endswith("(and 4 more)")

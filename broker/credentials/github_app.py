@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import hashlib
 import threading
-import time
 from typing import Any
 
 import httpx
 
+from broker.clock import REAL
 from broker.errors import ConfigError, CredentialRefused
 from broker.grants import Grant, Scope, fingerprint
 from broker.settings import Settings
@@ -127,12 +127,12 @@ class GitHubApp:
         mark = (self.app_id, hashlib.sha256(key.encode()).hexdigest())
         with _lock:
             made = _jwts.get(mark)
-        if made is not None and time.monotonic() - made[0] < JWT_REUSE_S:
+        if made is not None and REAL.monotonic() - made[0] < JWT_REUSE_S:
             return made[1]
         try:
             signed = str(Auth.AppAuth(self.app_id, key).create_jwt())
             with _lock:
-                _jwts[mark] = (time.monotonic(), signed)
+                _jwts[mark] = (REAL.monotonic(), signed)
             return signed
         except (ValueError, TypeError, jwt.PyJWTError) as exc:
             raise CredentialRefused(

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from urllib.parse import quote
 
 import httpx
 
+from broker.clock import REAL
 from broker.config import Config
 from broker.errors import ConfigError, EffectFailed
 from broker.settings import resolve_secret
@@ -302,7 +302,7 @@ class ThreadStore:
             ).fetchone()
             if row is not None:
                 return str(row[0])
-            self._db.execute("INSERT INTO taken VALUES (?,?,?)", (comment_id, digest, time.time()))
+            self._db.execute("INSERT INTO taken VALUES (?,?,?)", (comment_id, digest, REAL.time()))
         return None
 
     def first_look(self, key: str) -> bool:
@@ -329,7 +329,7 @@ class ThreadStore:
     def _first(self, table: str, key: str) -> bool:
         with self._lock:
             try:
-                self._db.execute(f"INSERT INTO {table} VALUES (?,?)", (key, time.time()))
+                self._db.execute(f"INSERT INTO {table} VALUES (?,?)", (key, REAL.time()))
             except sqlite3.IntegrityError:
                 return False
         return True
