@@ -144,7 +144,15 @@ def test_tsv_gives_scripts_one_field_per_column(h: BrokerHarness) -> None:
     assert tail[0] == ["at", "event", "sandbox", "id", "effect", "detail"]
     assert ["pending", "default", ref.split("/")[1], "files.delete"] == tail[-1][1:5]
     effects = [line.split("\t") for line in piped(h, "effects", "--tsv").splitlines()]
-    assert effects[0] == ["effect", "reversible", "idempotent", "undo", "from", "credential", "switch"]
+    assert effects[0] == [
+        "effect",
+        "reversible",
+        "idempotent",
+        "undo",
+        "from",
+        "credential",
+        "switch",
+    ]
     assert all(len(row) == 7 for row in effects)
 
 
