@@ -236,8 +236,12 @@ def remove(container: Container) -> None:
 
 def leftovers(client: docker.DockerClient) -> list[Container]:
     """Every sandbox container on the engine, running or not (for cleanup after a crash)."""
-    try:
-        found: list[Container] = client.containers.list(all=True, filters={"label": LABEL})
-    except docker.errors.DockerException as exc:
-        raise SandboxError(f"cannot list sandbox containers: {exc}") from exc
-    return found
+    for _ in range(3):  # the SDK inspects each listed container: one removed meanwhile 404s
+        try:
+            found: list[Container] = client.containers.list(all=True, filters={"label": LABEL})
+        except docker.errors.NotFound:
+            continue
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"cannot list sandbox containers: {exc}") from exc
+        return found
+    raise SandboxError("cannot list sandbox containers: they kept changing while listed")
