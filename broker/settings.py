@@ -48,6 +48,12 @@ class Settings(Mapping[str, Any]):
     def __repr__(self) -> str:
         return f"Settings({self.where}: {sorted(self._data)})"
 
+    def only(self, keys: Iterable[str]) -> None:
+        """Refuse the first key (in sorted order) that is not one of `keys`."""
+        unknown = set(self._data) - set(keys)
+        if unknown:
+            raise ConfigError(f"{self.where}.{sorted(unknown)[0]}: unknown key")
+
     @staticmethod
     def key(*parts: str) -> str:
         """A dotted key naming exactly `parts`, as TOML writes it: a part holding

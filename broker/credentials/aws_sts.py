@@ -47,9 +47,7 @@ class AssumeRole:
 
     def __init__(self, settings: Settings) -> None:
         where = settings.where
-        unknown = set(settings) - KEYS
-        if unknown:
-            raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown key")
+        settings.only(KEYS)
         role = settings.get("role_arn")
         if not isinstance(role, str) or not role.startswith("arn:"):
             raise ConfigError(f"{where}.role_arn: the role's ARN (arn:aws:iam::…:role/…)")

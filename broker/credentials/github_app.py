@@ -58,9 +58,7 @@ class GitHubApp:
     def __init__(self, settings: Settings) -> None:
         where = settings.where
         if where.startswith("credentials."):
-            unknown = set(settings) - KEYS
-            if unknown:
-                raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown key")
+            settings.only(KEYS)
         for name in ("app_id", "installation_id"):
             value = settings.get(name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

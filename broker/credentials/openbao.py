@@ -37,9 +37,7 @@ class OpenBao:
 
     def __init__(self, settings: Settings) -> None:
         where = settings.where
-        unknown = set(settings) - KEYS
-        if unknown:
-            raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown key")
+        settings.only(KEYS)
         address = settings.get("address")
         parts = urlsplit(address) if isinstance(address, str) else None
         if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
