@@ -236,6 +236,31 @@ def _credentials(
     return table
 
 
+def _broker_section(data: Mapping[str, Any], path: Path | None) -> dict[str, Any]:
+    """[broker], once every section's and key's name is known."""
+    unknown = set(data) - {
+        *("broker", "integrations", "sandbox", "approvers", "notify", "web"),
+        *("metrics", "tracing", "audit", "repositories", "credentials"),
+    }
+    if unknown:
+        raise ConfigError(f"{path}: unknown section [{sorted(unknown)[0]}]")
+    section: dict[str, Any] = data.get("broker", {})
+    bad = set(section) - BROKER_KEYS
+    if bad:
+        raise ConfigError(f"{path}: unknown key broker.{sorted(bad)[0]}")
+    return section
+
+
+def _integrations(data: Mapping[str, Any], path: Path | None) -> dict[str, Any]:
+    integrations = data.get("integrations", {})
+    if not isinstance(integrations, dict) or not all(
+        isinstance(v, dict) for v in integrations.values()
+    ):
+        raise ConfigError(f"{path}: [integrations.NAME] must be tables")
+    check_no_literal_secrets(integrations, "integrations")
+    return integrations
+
+
 def load_config(
     path: Path | None = None,
     *,
@@ -244,26 +269,12 @@ def load_config(
 ) -> Config:
     """Read broker.toml: `path`, else $BROKER_CONFIG, else <state_dir>/broker.toml."""
     path, data = _read(path, state_dir)
-    unknown = set(data) - {
-        *("broker", "integrations", "sandbox", "approvers", "notify", "web"),
-        *("metrics", "tracing", "audit", "repositories", "credentials"),
-    }
-    if unknown:
-        raise ConfigError(f"{path}: unknown section [{sorted(unknown)[0]}]")
-    section = data.get("broker", {})
-    bad = set(section) - BROKER_KEYS
-    if bad:
-        raise ConfigError(f"{path}: unknown key broker.{sorted(bad)[0]}")
+    section = _broker_section(data, path)
     base = path.parent if path else Path.cwd()
     state = state_dir or (base / section["state_dir"] if "state_dir" in section else None)
     state = Path(state) if state else default_state_dir()
     policy_path = policy or (base / section["policy"] if "policy" in section else None)
-    integrations = data.get("integrations", {})
-    if not isinstance(integrations, dict) or not all(
-        isinstance(v, dict) for v in integrations.values()
-    ):
-        raise ConfigError(f"{path}: [integrations.NAME] must be tables")
-    check_no_literal_secrets(integrations, "integrations")
+    integrations = _integrations(data, path)
     credentials = _credentials(data.get("credentials", {}), integrations, path)
     repositories = data.get("repositories", {})
     parse_repositories(repositories, integrations)  # a fault stops the start, naming the key

@@ -10,7 +10,6 @@ from functools import cached_property
 from typing import Any, Literal
 
 from broker import codec
-from broker.clock import iso, now, parse_iso
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -25,9 +24,6 @@ __all__ = [
     "State",
     "Verdict",
     "canonical_json",
-    "iso",
-    "now",
-    "parse_iso",
     "sha256_hex",
 ]
 

@@ -11,9 +11,8 @@ import pytest
 
 from broker.approval.decisions import Ballot, Tally, card, decide, nudge
 from broker.audit import verify as audit
-from broker.clock import REAL, Clock
+from broker.clock import REAL, Clock, parse_iso
 from broker.errors import DecisionError
-from broker.models import parse_iso
 from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness, FakeClock, FakeHandler
 from tests.support import SETTLE_S, Start, barrier

@@ -15,9 +15,9 @@ import pytest
 import watchfiles
 
 from broker.audit import verify as audit
+from broker.clock import parse_iso
 from broker.config import Limits
 from broker.errors import EffectFailed
-from broker.models import parse_iso
 from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness, FakeClock, FakeHandler
 from broker.typing import JSON, Params

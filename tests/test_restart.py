@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from broker.audit import verify as audit
+from broker.clock import iso, now, parse_iso
 from broker.lifecycle.marks import StartMarks
-from broker.models import iso, now, parse_iso
 from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness, FakeClock, FakeHandler
 from tests.support import SETTLE_S, barrier, checked

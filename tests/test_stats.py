@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from broker.approval.decisions import Ballot, decide, nudge
-from broker.models import Record, iso, now
+from broker.clock import iso, now
+from broker.models import Record
 from broker.observability.stats import summarize
 from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness, FakeHandler

@@ -36,7 +36,7 @@ T = TypeVar("T")
 
 def event(kind: str, record: Record, at: str | None = None, **extra: Any) -> dict[str, Any]:
     """One audit event about `record`; None-valued extras are left out."""
-    from broker.models import iso, now
+    from broker.clock import iso, now
 
     entry: dict[str, Any] = {
         "at": at or iso(now()),

@@ -232,8 +232,7 @@ def _cutoff(since: str) -> str | None:
     """--since as an ISO time: a duration ago, or a date/time (UTC when it names no zone)."""
     from datetime import datetime, timedelta
 
-    from broker.clock import parse_duration
-    from broker.models import iso, now
+    from broker.clock import iso, now, parse_duration
 
     try:
         return iso(now() - timedelta(seconds=parse_duration(since)))

@@ -85,7 +85,7 @@ def _list_pending(
     from fnmatch import fnmatchcase
 
     from broker.approval.decisions import card
-    from broker.models import now, parse_iso
+    from broker.clock import now, parse_iso
 
     rows = []
     for record in ledger.in_states(["pending"]):

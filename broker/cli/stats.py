@@ -35,8 +35,7 @@ def stats(
     """Outcomes per effect, approval rate and time to decision; flags rubber-stamping."""
     from datetime import timedelta
 
-    from broker.clock import parse_duration
-    from broker.models import now
+    from broker.clock import now, parse_duration
     from broker.observability.stats import summarize
 
     choose(json_out, tsv)

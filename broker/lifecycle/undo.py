@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.audit.log import event as audit_event
+from broker.clock import iso, now
 from broker.config import Config
 from broker.context import opened
 from broker.errors import DecisionError, EffectFailed
-from broker.models import Decision, Preview, Record, canonical_json, iso, now, sha256_hex
+from broker.models import Decision, Preview, Record, canonical_json, sha256_hex
 from broker.registry import Effect, Registry
 from broker.store.base import Store
 

@@ -12,7 +12,8 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from broker.models import Record, parse_iso
+from broker.clock import parse_iso
+from broker.models import Record
 
 OUTCOMES = ("auto", "approved", "denied", "expired", "invalid", "failed", "staged")
 RUBBER_STAMP_RATE = 0.95

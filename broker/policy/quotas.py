@@ -14,7 +14,7 @@ from typing import Any
 from broker.clock import parse_duration
 from broker.errors import PolicyError
 from broker.policy.history import History
-from broker.policy.rules import checked_table, effect_glob
+from broker.policy.parsing import checked_table, effect_glob
 
 __all__ = ["LIMIT_KEYS", "Limit", "exceeded", "parse_limits"]
 

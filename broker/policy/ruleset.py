@@ -27,8 +27,9 @@ from broker.clock import parse_duration
 from broker.errors import PolicyError
 from broker.models import Verdict
 from broker.policy.history import NO_HISTORY, History
+from broker.policy.parsing import parse_rule
 from broker.policy.quotas import Limit, exceeded, parse_limits
-from broker.policy.rules import ACTIONS, DEFAULT_TIMEOUT_S, After, Reversibility, Rule, parse_rule
+from broker.policy.rules import ACTIONS, DEFAULT_TIMEOUT_S, After, Reversibility, Rule
 
 __all__ = [
     "ACTIONS",

@@ -14,9 +14,9 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 
 from broker.approval.card import Narrowing
 from broker.approval.decisions import Ballot
-from broker.clock import parse_duration
+from broker.clock import now, parse_duration
 from broker.errors import BrokerError, RequestNotFound
-from broker.models import Record, now
+from broker.models import Record
 from broker.web.auth import Gate, Identity, same_secret
 from broker.web.inbox import Filters, Inbox, Pick, Picked, Refused, State
 from broker.web.shapes import (

@@ -147,16 +147,14 @@ def create_app(
     callback = slack.SlackCallback(chat, inbox) if chat is not None else None
     github = _github(config, inbox)
 
+    held = (inbox, callback, github and github.threads, sign_in and sign_in.provider)
+    closes = [service.close for service in held if service]
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
-        inbox.close()
-        if callback is not None:
-            callback.close()
-        if github is not None:
-            github.threads.close()
-        if sign_in is not None:
-            sign_in.provider.close()
+        for close in closes:
+            close()
 
     app = FastAPI(
         title="Sandbox-outbox broker",
@@ -167,14 +165,7 @@ def create_app(
         redoc_url=None,
         lifespan=lifespan,
     )
-    inbox_url = config.notify.get("inbox_url")
-    renderer = pages.Pages(
-        inbox,
-        gate,
-        secure_cookie=settings.secure_cookie,
-        oidc=sign_in is not None,
-        inbox_url=inbox_url.rstrip("/") if isinstance(inbox_url, str) else None,
-    )
+    renderer = _pages(config, inbox, gate, settings.secure_cookie, sign_in is not None)
     app.state.inbox = inbox
     app.state.sign_in = sign_in
     app.state.gate = gate
@@ -185,6 +176,12 @@ def create_app(
     _handle_errors(app, renderer)
     app.add_middleware(SecurityHeaders)
     return app
+
+
+def _pages(config: Config, inbox: Inbox, gate: Gate, secure: bool, oidc: bool) -> pages.Pages:
+    inbox_url = config.notify.get("inbox_url")
+    inbox_url = inbox_url.rstrip("/") if isinstance(inbox_url, str) else None
+    return pages.Pages(inbox, gate, secure_cookie=secure, oidc=oidc, inbox_url=inbox_url)
 
 
 def _github(config: Config, inbox: Inbox) -> PrDecider | None:

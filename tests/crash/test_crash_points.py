@@ -22,9 +22,10 @@ import pytest
 from broker.approval import decisions as approval
 from broker.approval.decisions import Ballot
 from broker.audit.log import AuditLog, flush
+from broker.clock import now, parse_iso
 from broker.faults import FAULT_POINTS
 from broker.lifecycle import undo
-from broker.models import TERMINAL, now, parse_iso
+from broker.models import TERMINAL
 from broker.store.sqlite import Ledger
 from tests.crash.support import (
     FIGURES,
