@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import threading
@@ -18,6 +19,15 @@ from broker.testing import BrokerHarness, FakeHandler
 from tests.pgserver import PgServer
 from tests.stores import BACKENDS, OpenStore, new_database, opener, start_server
 from tests.support import SETTLE_S, Hook, Start
+
+
+@pytest.fixture(scope="module", autouse=True)
+def leaks_found_in_their_module() -> Iterator[None]:
+    """Collect garbage when a module's tests end: a process, file or socket it left open
+    warns (an error, by filterwarnings) in that module's last teardown, instead of in
+    whichever test of another module the collector happens to run in later."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="session", autouse=True)
