@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.errors import ConfigError
+from broker.settings import only_keys
 
 DEFAULT_PROTECTED = (".github/workflows/**", ".github/actions/**")
 KEYS = frozenset({"github", "git_remotes", "protected_paths"})
@@ -89,9 +90,7 @@ def _repository(name: str, spec: Any) -> Repository:
     where = f"repositories.{name}"
     if not isinstance(spec, Mapping):
         raise ConfigError(f"{where}: expected a table")
-    unknown = set(spec) - KEYS
-    if unknown:
-        raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown key (one of {sorted(KEYS)})")
+    only_keys(where, spec, KEYS)
     github = spec.get("github")
     if github is not None and (
         not isinstance(github, str) or not re.fullmatch(r"[\w.-]+/[\w.-]+", github)

@@ -20,6 +20,15 @@ SECRET_WORDS = re.compile(
 )
 
 
+def only_keys(where: str, table: Mapping[str, Any], keys: Iterable[str]) -> None:
+    """Refuse the first key of the config table at `where` (in sorted order) that is not
+    one of `keys`, naming the keys it may hold: a typo stops the start, not a default."""
+    known = sorted(set(keys))
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}: unknown key (one of {', '.join(known)})")
+
+
 class Settings(Mapping[str, Any]):
     """One table of broker.toml (an integration's settings), read-only, knowing where it
     came from: `secret(key)` resolves a reference in it the one way secrets resolve
@@ -50,9 +59,7 @@ class Settings(Mapping[str, Any]):
 
     def only(self, keys: Iterable[str]) -> None:
         """Refuse the first key (in sorted order) that is not one of `keys`."""
-        unknown = set(self._data) - set(keys)
-        if unknown:
-            raise ConfigError(f"{self.where}.{sorted(unknown)[0]}: unknown key")
+        only_keys(self.where, self._data, keys)
 
     @staticmethod
     def key(*parts: str) -> str:

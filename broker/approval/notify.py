@@ -40,7 +40,7 @@ from broker.clock import REAL, Clock
 from broker.config import Config
 from broker.errors import ConfigError
 from broker.masking import quiet_http_libraries
-from broker.settings import resolve_secret
+from broker.settings import only_keys, resolve_secret
 from broker.untrusted import neutralize
 
 if TYPE_CHECKING:
@@ -70,9 +70,7 @@ class Route:
 def webhooks_from(settings: Mapping[str, Any], base_dir: Path | None = None) -> list[Webhook]:
     """Read [[notify.webhooks]]; a fault names the entry and key. A relative `url_file`
     is read beside broker.toml (`base_dir`), as every secret."""
-    unknown = set(settings) - {"webhooks", "inbox_url", "retries", "slack", "groups"}
-    if unknown:
-        raise ConfigError(f"notify.{sorted(unknown)[0]}: unknown key")
+    only_keys("notify", settings, {"webhooks", "inbox_url", "retries", "slack", "groups"})
     return _hooks(settings.get("webhooks", []), "notify.webhooks", base_dir)
 
 
@@ -86,9 +84,7 @@ def groups_from(settings: Mapping[str, Any], base_dir: Path | None = None) -> di
         where = f"notify.groups.{name}"
         if not isinstance(entry, Mapping):
             raise ConfigError(f"[{where}] must be a table")
-        bad = set(entry) - {"webhooks", "slack_channel"}
-        if bad:
-            raise ConfigError(f"{where}.{sorted(bad)[0]}: unknown key")
+        only_keys(where, entry, {"webhooks", "slack_channel"})
         channel = entry.get("slack_channel")
         if channel is not None and not (isinstance(channel, str) and channel.strip()):
             raise ConfigError(f'{where}.slack_channel: a channel id, e.g. "C0123456789"')
@@ -105,9 +101,7 @@ def _hooks(entries: Any, at: str, base_dir: Path | None) -> list[Webhook]:
         where = f"{at}[{i}]"
         if not isinstance(entry, Mapping):
             raise ConfigError(f"{where}: must be a table")
-        bad = set(entry) - {"url", "url_env", "url_file", "format"}
-        if bad:
-            raise ConfigError(f"{where}.{sorted(bad)[0]}: unknown key")
+        only_keys(where, entry, {"url", "url_env", "url_file", "format"})
         url = entry.get("url") or resolve_secret(entry, "url", where, base_dir)
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ConfigError(f"{where}.url: an http(s) URL is required")

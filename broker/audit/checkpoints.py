@@ -38,7 +38,7 @@ from broker.clock import REAL, Clock
 from broker.config import Config
 from broker.errors import ConfigError
 from broker.models import canonical_json
-from broker.settings import resolve_secret
+from broker.settings import only_keys, resolve_secret
 
 log = logging.getLogger("broker.audit.log")
 KEYS = {
@@ -74,9 +74,7 @@ class AuditSettings:
 def audit_settings(config: Config) -> AuditSettings:
     """Read [audit]; a fault names the key."""
     table: Mapping[str, Any] = config.audit
-    unknown = set(table) - KEYS
-    if unknown:
-        raise ConfigError(f"audit.{sorted(unknown)[0]}: unknown key")
+    only_keys("audit", table, KEYS)
     key = _key(table, config)
     every = table.get("checkpoint_every", 100)
     if not isinstance(every, int) or isinstance(every, bool) or every < 1:

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 from broker.config import Config
 from broker.errors import ConfigError
 from broker.registry import Registry
+from broker.settings import only_keys
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -96,9 +97,7 @@ def tracing_settings(config: Config) -> TracingSettings | None:
 
 
 def _known(table: Mapping[str, Any], keys: set[str], where: str) -> None:
-    unknown = set(table) - keys
-    if unknown:
-        raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown key (known: {sorted(keys)})")
+    only_keys(where, table, keys)
 
 
 class Telemetry:

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 from broker.clock import parse_duration
 from broker.config import Config
 from broker.errors import ConfigError
-from broker.settings import resolve_secret
+from broker.settings import only_keys, resolve_secret
 
 API_URL = "https://slack.com/api"
 HOOKS_URL = "https://hooks.slack.com/"
@@ -74,9 +74,7 @@ def slack_settings(config: Config) -> SlackSettings | None:
                 f"{where}.{literal}: secrets are never written in broker.toml; "
                 f"use {literal}_env (an environment variable) or {literal}_file (a file)"
             )
-    unknown = set(table) - KEYS
-    if unknown:
-        raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown key")
+    only_keys(where, table, KEYS)
     secrets = {}
     for key in ("bot_token", "signing_secret"):
         value = resolve_secret(table, key, where, config.base_dir)

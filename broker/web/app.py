@@ -36,6 +36,7 @@ from broker.config import Config
 from broker.errors import ConfigError
 from broker.people import People
 from broker.registry import Registry
+from broker.settings import only_keys
 from broker.slack.settings import slack_settings
 from broker.store.base import Store
 from broker.store.factory import open_store
@@ -84,9 +85,7 @@ class WebSettings:
 def web_settings(config: Config) -> WebSettings:
     """Read [web]; a mistake names its key."""
     table: Mapping[str, Any] = config.web
-    unknown = set(table) - WEB_KEYS
-    if unknown:
-        raise ConfigError(f"web.{sorted(unknown)[0]}: unknown key")
+    only_keys("web", table, WEB_KEYS)
     try:
         ttl = parse_duration(table.get("session_ttl", "12h"))
     except ValueError as exc:

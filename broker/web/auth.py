@@ -27,6 +27,7 @@ from broker.clock import REAL, Clock
 from broker.errors import ConfigError, DecisionError
 from broker.identity import Proof, approver_name
 from broker.people import PERSON_KEYS, People
+from broker.settings import only_keys
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -71,9 +72,7 @@ def load_approvers(table: Mapping[str, Any]) -> dict[str, str]:
                 f"{where}.token: a token is never written in broker.toml; write its "
                 f"token_sha256 instead (`broker web token {name}` prints it)"
             )
-        unknown = set(entry) - {"token_sha256", "slack_user", "github_user", *PERSON_KEYS}
-        if unknown:
-            raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown key")
+        only_keys(where, entry, {"token_sha256", "slack_user", "github_user", *PERSON_KEYS})
         if "token_sha256" not in entry and set(entry) & {"slack_user", "github_user", *PERSON_KEYS}:
             continue  # decides in Slack, the CLI or with the identity provider only
         person = _person(name, where, digests)

@@ -41,7 +41,7 @@ from broker.clock import REAL, Clock
 from broker.config import Config
 from broker.errors import ConfigError, SignInError
 from broker.identity import Proof
-from broker.settings import check_no_literal_secrets, resolve_secret
+from broker.settings import check_no_literal_secrets, only_keys, resolve_secret
 
 __all__ = ["OIDC_KEYS", "OidcSettings", "Provider", "oidc_settings"]
 
@@ -84,9 +84,7 @@ def oidc_settings(config: Config) -> OidcSettings | None:
     if not isinstance(table, Mapping):
         raise ConfigError("[web.oidc] must be a table")
     check_no_literal_secrets(table, "web.oidc")
-    unknown = set(table) - OIDC_KEYS
-    if unknown:
-        raise ConfigError(f"web.oidc.{sorted(unknown)[0]}: unknown key")
+    only_keys("web.oidc", table, OIDC_KEYS)
     issuer = _text(table, "issuer").rstrip("/")
     _transport("web.oidc.issuer", issuer)
     algorithms = _texts(table, "algorithms", ["RS256", "ES256"])
