@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -16,9 +18,23 @@ import pytest
 
 from broker.store.base import Store
 from broker.testing import BrokerHarness, FakeHandler
+from tests.effects.github import prism
 from tests.pgserver import PgServer
 from tests.stores import BACKENDS, OpenStore, new_database, opener, start_server
 from tests.support import SETTLE_S, Hook, Start
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The run's controller (or its one process without xdist) makes the directory its
+    workers share, for the servers one run starts once (Prism)."""
+    if not hasattr(config, "workerinput"):
+        os.environ[prism.SHARED_ENV] = tempfile.mkdtemp(prefix="broker-tests-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and (shared := os.environ.pop(prism.SHARED_ENV, "")):
+        prism.stop_shared(Path(shared))
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -45,26 +45,24 @@ def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Hub]:
 
 
 @pytest.fixture(scope="session")
-def prism_launch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prism | None]:
-    """Prism loading in the background (None when not installed); `prism` waits for it."""
+def prism_launch() -> Prism | None:
+    """The run's Prism, loading in the background (None when not installed); `prism`
+    waits for it. The workers share one (tests/conftest.py stops it at the run's end)."""
     if not installed():
-        yield None
-        return
-    folder = tmp_path_factory.mktemp("prism")
+        return None
     operations = [
         *Api.operations().values(),
         APP_TOKEN_CALL,
         APP_REVOKE_CALL,
         *THREAD_CALLS.values(),
     ]
-    spec = (
-        GITHUB_SPEC_FILE
-        if os.environ.get("PRISM_FULL_SPEC")
-        else subset_spec(GITHUB_SPEC_FILE, operations, folder / "github-subset.json")
-    )
-    launched = Prism(spec, folder / "prism.log")
-    yield launched
-    launched.stop()
+
+    def spec(folder: Path) -> Path:
+        if os.environ.get("PRISM_FULL_SPEC"):
+            return GITHUB_SPEC_FILE
+        return subset_spec(GITHUB_SPEC_FILE, operations, folder / "github-subset.json")
+
+    return Prism.shared(spec)
 
 
 @pytest.fixture(scope="module", autouse=True)

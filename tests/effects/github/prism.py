@@ -11,19 +11,23 @@ reference) takes about 7 s. `PRISM_FULL_SPEC=1` serves the whole description ins
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import http.client
 import json
 import os
 import re
+import shlex
+import signal
 import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -80,54 +84,90 @@ def subset_spec(full: Path, operations: Iterable[tuple[str, str]], out: Path) ->
     return out
 
 
-class Prism:
-    """`prism mock` on 127.0.0.1, started in the background; `wait()` until it answers."""
+SHARED_ENV = "BROKER_TESTS_SHARED"
+"""A directory every worker of one pytest run shares (tests/conftest.py makes it)."""
 
-    def __init__(self, spec: Path, log: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        self.started = time.monotonic()
-        self.ready_after: float | None = None
-        self._log: IO[bytes] = log.open("wb")
-        self.proc = subprocess.Popen(
-            [str(PRISM_BIN), "mock", str(spec), "-p", str(self.port), "-h", "127.0.0.1"],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
+
+@dataclass(frozen=True)
+class Prism:
+    """`prism mock` on 127.0.0.1, one per test run: the first worker that asks starts it
+    in the background, the others find it (`shared`), and the run's end stops it
+    (`stop_shared`). Loading GitHub's description is the longest start in the suite,
+    so four workers each loading it on two busy cores was what made it miss its start."""
+
+    port: int
+    pid: int
+    log: Path
+    started: float  # wall clock: the workers share it
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @classmethod
+    def shared(cls, spec: Callable[[Path], Path]) -> Prism:
+        """The run's Prism, started here (serving `spec(folder)`) when no worker has yet."""
+        folder = Path(os.environ[SHARED_ENV])
+        with (folder / "prism.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            record = folder / "prism.json"
+            if record.exists():
+                return cls(**{**json.loads(record.read_text()), "log": folder / "prism.log"})
+            port, log = free_port(), folder / "prism.log"
+            args = [str(PRISM_BIN), "mock", str(spec(folder)), "-p", str(port), "-h", "127.0.0.1"]
+            # in the background of a shell that exits at once: no worker's child, so the
+            # worker that started it can end before the others and leave it running
+            quoted = " ".join(shlex.quote(a) for a in args)
+            shell = f"{quoted} </dev/null >{shlex.quote(str(log))} 2>&1 & echo $!"
+            out = subprocess.run(["sh", "-c", shell], capture_output=True, text=True, check=True)
+            prism = cls(port, int(out.stdout), log, time.time())
+            record.write_text(
+                json.dumps({"port": port, "pid": prism.pid, "started": prism.started})
+            )
+            return prism
+
+    def running(self) -> bool:
+        try:
+            state = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        return state not in ("Z", "X")
 
     def wait(self, timeout: float = START_TIMEOUT_S) -> None:
         """Return once Prism answers HTTP (any status), or raise with its log's tail."""
         end = self.started + timeout
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prism exited ({self.proc.returncode}):\n{self.tail()}")
+        while time.time() < end:
+            if not self.running():
+                raise RuntimeError(f"prism exited:\n{self.tail()}")
             try:
                 conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
                 conn.request("GET", "/__broker_probe__")
                 conn.getresponse().read()
                 conn.close()
-                if self.ready_after is None:
-                    self.ready_after = time.monotonic() - self.started
                 return
             except OSError:
                 time.sleep(0.1)
         raise RuntimeError(f"prism did not answer within {timeout:g}s:\n{self.tail()}")
 
     def tail(self, lines: int = 20) -> str:
-        self._log.flush()
         text = self.log.read_text(encoding="utf-8", errors="replace")
         return "\n".join(text.splitlines()[-lines:])
 
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self._log.close()
+
+def stop_shared(folder: Path) -> None:
+    """End the run's Prism, if a worker started one (SIGTERM, then SIGKILL after 10 s)."""
+    record = folder / "prism.json"
+    if not record.exists():
+        return
+    prism = Prism(**{**json.loads(record.read_text()), "log": folder / "prism.log"})
+    for signum, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(prism.pid, signum)
+        end = time.time() + grace
+        while prism.running() and time.time() < end:
+            time.sleep(0.05)
+        if not prism.running():
+            return
 
 
 @dataclass(frozen=True)
