@@ -37,6 +37,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(shared, ignore_errors=True)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collecting imported lives as long as the run: out of the collector's sight
+    (gc.freeze), a full collection costs microseconds instead of ~0.2 s per module."""
+    gc.collect()
+    gc.freeze()
+
+
 @pytest.fixture(scope="module", autouse=True)
 def leaks_found_in_their_module() -> Iterator[None]:
     """Collect garbage when a module's tests end: a process, file or socket it left open
