@@ -41,11 +41,11 @@ from broker.errors import SandboxError
 from broker.hosting import images, sandbox
 from broker.integrations import autogen_compat as compat
 from broker.integrations import embedded as hosting
-from broker.integrations.blocks import INTERPRETERS, Container, Run
+from broker.integrations.autogen_runs import result as _result
+from broker.integrations.autogen_runs import run_all
+from broker.integrations.blocks import INTERPRETERS, Container
 
 __all__ = ["ApprovalFunc", "SandboxCodeExecutor", "approval_func"]
-
-TIMEOUT_EXIT = 124  # what `timeout(1)` and AutoGen's executors report for a block cut short
 
 
 class SandboxCodeExecutor(CodeExecutor, Component[compat.SandboxCodeExecutorConfig]):
@@ -296,80 +296,13 @@ class SandboxCodeExecutor(CodeExecutor, Component[compat.SandboxCodeExecutorConf
                 "not approved: these blocks were not approved by this executor's "
                 "approval_func; nothing ran",
             )
-        return await self._run_all(container, code_blocks, cancellation_token)
-
-    async def _run_all(
-        self, container: Container, blocks: list[CodeBlock], token: CancellationToken
-    ) -> CommandLineCodeResult:
-        outputs: list[str] = []
-        files: list[str] = []
-        exit_code = 0
-        try:
-            for block in blocks:
-                if token.is_cancelled():
-                    raise asyncio.CancelledError
-                try:
-                    name = compat.code_filename(block.code, self.work_dir) or _tmp_name(block)
-                except ValueError:
-                    outputs.append("Filename is not in the workspace")
-                    exit_code = 1
-                    break
-                files.append(name)
-                try:
-                    run = await self._run(container, block, token, name)
-                except SandboxError as exc:
-                    outputs.append(f"sandbox error: {exc}")
-                    exit_code = 1
-                    break
-                outputs.append(run.output)
-                exit_code = run.exit_code
-                if exit_code != 0:
-                    break
-        finally:
-            if self._delete_tmp_files and files:
-                await asyncio.to_thread(container.shell, ["rm", "-f", "--", *files])
-        code_file = str(self.work_dir / files[0]) if files else None
-        return _result(exit_code, "".join(outputs), code_file)
-
-    async def _run(
-        self, container: Container, block: CodeBlock, token: CancellationToken, save: str
-    ) -> Run:
-        """One block, with its timeout and cancellation; a stopped block is killed alone."""
-        marker = secrets.token_hex(8)
-        loop = asyncio.get_running_loop()
-        cancelled = asyncio.Event()
-
-        def on_cancel() -> None:
-            try:
-                loop.call_soon_threadsafe(cancelled.set)
-            except RuntimeError:  # the loop has closed: nothing is waiting any more
-                pass
-
-        token.add_callback(on_cancel)
-        interpreter = INTERPRETERS[block.language.lower()]
-        job = asyncio.ensure_future(
-            asyncio.to_thread(
-                container.run, interpreter, block.code, marker, f"{compat.WORKSPACE}/{save}"
-            )
-        )
-        waiter = asyncio.ensure_future(cancelled.wait())
-        try:
-            done, _ = await asyncio.wait(
-                {job, waiter}, timeout=self._timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-        except asyncio.CancelledError:
-            await asyncio.shield(_kill(container, marker, job))
-            raise
-        finally:
-            waiter.cancel()
-        if job in done:
-            return job.result()
-        run = await asyncio.shield(_kill(container, marker, job))
-        if cancelled.is_set():
-            raise asyncio.CancelledError
-        return Run(
-            TIMEOUT_EXIT,
-            run.output + f"\nTimeout: the block ran longer than {self._timeout}s and was stopped",
+        return await run_all(
+            container,
+            code_blocks,
+            cancellation_token,
+            work_dir=self.work_dir,
+            timeout=self._timeout,
+            delete_files=self._delete_tmp_files,
         )
 
     @property
@@ -393,20 +326,6 @@ class SandboxCodeExecutor(CodeExecutor, Component[compat.SandboxCodeExecutorConf
             return False
         self._approved[digest] = left - 1
         return True
-
-
-def _result(exit_code: int, output: str, code_file: str | None = None) -> CommandLineCodeResult:
-    return CommandLineCodeResult(exit_code=exit_code, output=output, code_file=code_file)
-
-
-def _tmp_name(block: CodeBlock) -> str:
-    digest = hashlib.sha256(block.code.encode("utf-8")).hexdigest()
-    return f"tmp_code_{digest}.{block.language.lower()}"
-
-
-async def _kill(container: Container, marker: str, job: asyncio.Future[Run]) -> Run:
-    await asyncio.to_thread(container.kill, marker)
-    return await job
 
 
 def _digest(blocks: Sequence[CodeBlock]) -> str:
