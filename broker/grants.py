@@ -21,10 +21,11 @@ import importlib
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.metadata import entry_points
 from typing import Any, Protocol
 
+from broker import clock
 from broker.errors import ConfigError, CredentialRefused
 from broker.settings import Settings
 
@@ -76,20 +77,36 @@ class Grant:
     id: str
     expires_at: str | None
     values: Mapping[str, str] = field(repr=False)
+    minted_at: str | None = None
+    """When `Grants` got it (set there: a provider need not)."""
 
     @property
     def token(self) -> str:
         return self.values["token"]
 
     def summary(self, revoked: bool | None) -> dict[str, Any]:
-        """What the ledger, the audit event and `broker show` record: never a secret."""
+        """What the ledger, the audit event and `broker show` record: never a secret.
+        `lifetime` is what it was minted for, however soon it was revoked."""
         return {
             "scope": self.scope.describe(),
             "provider": self.provider,
             "id": self.id,
+            "minted_at": self.minted_at,
             "expires_at": self.expires_at,
+            "lifetime": lifetime(self.minted_at, self.expires_at),
             "revoked": revoked,
         }
+
+
+def lifetime(start: str | None, end: str | None) -> str | None:
+    """'3600s' from two RFC 3339 times (None when either is unknown)."""
+    try:
+        began, ends = clock.parse_iso(start), clock.parse_iso(end)
+    except ValueError:
+        return None
+    if began is None or ends is None:
+        return None
+    return f"{max(0, round((ends - began).total_seconds()))}s"
 
 
 class Provider(Protocol):
@@ -203,6 +220,7 @@ class Grants:
             _count("refused")
             raise
         _count("minted")
+        grant = replace(grant, minted_at=clock.stamp())
         with self._lock:
             self._minted[scope] = grant
         return grant

@@ -15,11 +15,13 @@ its accessor after the call all the same, so a token that escaped reads nothing 
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 import httpx
 
+from broker import clock
 from broker.errors import ConfigError, CredentialRefused
 from broker.grants import Grant, Scope
 from broker.settings import Settings
@@ -70,9 +72,9 @@ class OpenBao:
         made = self._call("POST", "/v1/auth/token/create", parent, body, path)
         auth = made.get("auth") or {}
         child, accessor = str(auth.get("client_token", "")), str(auth.get("accessor", ""))
-        grant = Grant(
-            scope, self.name, f"accessor {accessor}", "30s after minting", {"token": child}
-        )
+        lease = timedelta(seconds=int(auth.get("lease_duration") or 30))
+        expires = clock.iso(clock.now() + lease)
+        grant = Grant(scope, self.name, f"accessor {accessor}", expires, {"token": child})
         try:
             read = self._call(
                 "GET", f"/v1/{quote(self.mount)}/data/{quote(path)}", child, None, path
