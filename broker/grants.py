@@ -99,14 +99,16 @@ class Grant:
 
 
 def lifetime(start: str | None, end: str | None) -> str | None:
-    """'3600s' from two RFC 3339 times (None when either is unknown)."""
+    """'30s', or '60 min' (to the minute: a service stamps expiry in whole seconds,
+    after minting began) from two RFC 3339 times; None when either is unknown."""
     try:
         began, ends = clock.parse_iso(start), clock.parse_iso(end)
     except ValueError:
         return None
     if began is None or ends is None:
         return None
-    return f"{max(0, round((ends - began).total_seconds()))}s"
+    seconds = max(0, round((ends - began).total_seconds()))
+    return f"{seconds}s" if seconds < 120 else f"{round(seconds / 60)} min"
 
 
 class Provider(Protocol):

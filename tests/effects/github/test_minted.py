@@ -64,7 +64,7 @@ def test_an_issue_gets_a_token_for_its_repository_and_issues_only(
             "id": used[0]["id"],
             "minted_at": used[0]["minted_at"],
             "expires_at": used[0]["expires_at"],
-            "lifetime": "3600s",  # what GitHub gives an installation token
+            "lifetime": "60 min",  # what GitHub gives an installation token
             "revoked": True,
         }
     ]
