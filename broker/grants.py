@@ -42,6 +42,9 @@ STANDING = "standing credential"
 _counts_lock = threading.Lock()
 counts = {"minted": 0, "revoked": 0, "unrevoked": 0, "refused": 0}
 """What every `Grants` of this process did; `unrevoked` is a mint nobody could revoke."""
+by_provider: dict[tuple[str, str], int] = {}
+"""The same, per provider name (`github_app:acme-app`): (provider, what) → count, for
+the Prometheus counters (broker/observability/metrics.py)."""
 
 
 @dataclass(frozen=True)
@@ -219,9 +222,9 @@ class Grants:
         try:
             grant = provider.mint(scope, self.ref)
         except CredentialRefused:
-            _count("refused")
+            _count("refused", provider)
             raise
-        _count("minted")
+        _count("minted", provider)
         grant = replace(grant, minted_at=clock.stamp())
         with self._lock:
             self._minted[scope] = grant
@@ -248,23 +251,55 @@ def _revoke(provider: Provider | None, grant: Grant, ref: str) -> bool:
         if provider is not None:
             provider.revoke(grant)
     except Exception as exc:
-        _count("unrevoked")
+        _count("unrevoked", provider)
+        # a provider's own refusal says why in words of its own (never a secret)
+        why = exc.reason if isinstance(exc, CredentialRefused) else type(exc).__name__
         log.warning(
             "could not revoke the credential %s (%s) minted for %s: %s; it lives until %s",
             grant.id,
             grant.provider,
             ref,
-            type(exc).__name__,
+            why,
             grant.expires_at or "it expires",
         )
         return False
-    _count("revoked")
+    _count("revoked", provider)
     return True
 
 
-def _count(what: str) -> None:
+def _count(what: str, provider: Provider | None) -> None:
+    name = str(getattr(provider, "name", type(provider).__name__))
     with _counts_lock:
         counts[what] += 1
+        by_provider[(name, what)] = by_provider.get((name, what), 0) + 1
+
+
+def counted() -> dict[tuple[str, str], int]:
+    """A copy of `by_provider`, taken under its lock."""
+    with _counts_lock:
+        return dict(by_provider)
+
+
+def held(output: Mapping[str, Any] | None) -> list[str]:
+    """What an apply held, one line per credential, for the card after apply (`broker
+    show`, the web): its scope, provider and id, lifetime and whether it was revoked."""
+    lines = []
+    for used in (output or {}).get("credential") or []:
+        if not isinstance(used, Mapping):
+            continue
+        revoked = used.get("revoked")
+        ended = (
+            "revoked after"
+            if revoked is True
+            else "NOT revoked: it lives until it expires"
+            if revoked is False
+            else "not revoked"
+        )
+        lines.append(
+            f"{used.get('scope')} (by {used.get('provider')}, {used.get('id')}; "
+            f"{used.get('lifetime') or 'lifetime unknown'}, {ended})"
+        )
+    return lines
 
 
 def no_credential(scope: Scope) -> Grant | None:

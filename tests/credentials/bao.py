@@ -90,4 +90,5 @@ def accessor_alive(url: str, accessor: str) -> bool:
 
 def table(url: str, **more: object) -> dict[str, object]:
     """`[credentials.bao]` for the server (the broker's own token in TOKEN_ENV)."""
-    return {"kind": "openbao", "address": url, "token_env": TOKEN_ENV, **more}
+    # a loaded machine's OpenBao can take seconds; the deadline is tested on its own
+    return {"kind": "openbao", "address": url, "token_env": TOKEN_ENV, "timeout": 30, **more}

@@ -28,6 +28,7 @@ def hooks_ci(bao: str) -> None:
 def provider(url: str, monkeypatch: pytest.MonkeyPatch, **more: object) -> OpenBao:
     monkeypatch.setenv("TEST_BROKER_BAO_TOKEN", ROOT_TOKEN)
     table = {"kind": "openbao", "address": url, "token_env": "TEST_BROKER_BAO_TOKEN", **more}
+    table.setdefault("timeout", 30)  # a loaded machine: the deadline is tested on its own
     return OpenBao(Settings(table, "credentials.hooks"))
 
 
