@@ -16,8 +16,8 @@ from broker.context import Memo, context_for, masked_failure
 from broker.errors import EffectFailed
 from broker.events import Assessed, Event, Key
 from broker.grants import kind_of_credential
-from broker.masking import Masker
 from broker.lifecycle.apply import Job, Workers
+from broker.masking import Masker
 from broker.models import Record
 from broker.policy.controls import LiveControls
 from broker.policy.ruleset import Policy

@@ -14,7 +14,6 @@ audit line or log line (the detector of tests/security/test_canary.py).
 from __future__ import annotations
 
 import base64
-import json
 import ssl
 import subprocess
 import threading
@@ -33,16 +32,8 @@ from broker.testing import BrokerHarness
 from tests.credentials import bao as bao_server
 from tests.effects.github.fake import FakeGitHub, seed_repo
 from tests.effects.github.support import SEED, app_key
-from tests.security.test_canary import (  # noqa: F401  (fixtures, used by their names)
-    CANARY,
-    Echo,
-    _TLSServer,
-    assert_no_canary,
-    echo,
-    every_echo,
-    run_one,
-    verbose,
-)
+from tests.security.conftest import Echo
+from tests.security.test_canary import CANARY, _TLSServer, assert_no_canary, every_echo, run_one
 
 AUTO = '[[rules]]\neffect = "*"\naction = "auto"\nreason = "test"\n'
 LOOPBACK = ["127.0.0.0/8"]
