@@ -20,7 +20,7 @@ passed through as JSON, so Slack incoming webhooks work unchanged.
 
 `url_kv = "PATH#FIELD"` and `secret_kv` read the target's URL and key per delivery from
 the provider `[integrations.webhook] credential = "NAME"` names (effects/kv.py): the
-key at apply only, a URL also for the preview (which shows its origin).
+key at apply only, a URL also for the preview (which checks its address).
 """
 
 from __future__ import annotations
@@ -263,7 +263,7 @@ class WebhookPost(Handler):
         self._target(params, ctx)
 
     def preview(self, params: Params, ctx: Context) -> Preview:
-        settings, target = self._target(params, ctx, ("url",))  # its origin is shown
+        settings, target = self._target(params, ctx, ("url",))  # its address is checked
         body = payload_bytes(params)
         guard = NetGuard(settings.allow + target.allow, self.resolver)
         try:

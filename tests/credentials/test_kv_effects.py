@@ -20,7 +20,9 @@ import pytest
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
+from broker import grants
 from broker.errors import ConfigError
+from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness
 from effects.email import EmailSend
 from tests.credentials import bao as bao_server
@@ -186,3 +188,33 @@ def test_a_kv_reference_names_its_provider_or_the_start_stops() -> None:
         EmailSend().check_config(table)
     with pytest.raises(ConfigError, match=r"password_kv: expected \"PATH#FIELD\""):
         EmailSend().check_config({**table, "credential": "bao", "password_kv": "no-field"})
+
+
+def test_a_webhook_preview_reads_its_url_and_the_card_never_shows_it(
+    tmp_path: Path, bao: str, bao_token: str, web: HTTPServer
+) -> None:
+    """OpenBao + a real broker, approval required: the preview reads the KV URL (to check
+    its address) and the card masks it, as it masks a standing secret URL; the read is
+    revoked; nothing is delivered yet."""
+    bao_server.put(bao, "hooks/card", {"url": web.url_for("/hook/s3cr3t-path-9f2c")})
+    target = {"url_kv": "hooks/card#url", "retries": 0}
+    webhook = {"credential": "bao", "allow_networks": LOOPBACK, "targets": {"deploy": target}}
+    before = grants.counted().get(("openbao:bao", "revoked"), 0)
+    h = BrokerHarness(
+        tmp_path / "broker",
+        integrations={"webhook": webhook},
+        credentials={"bao": bao_server.table(bao)},
+        policy='[[rules]]\neffect = "webhook.post"\naction = "approve"\nreason = "look"\n',
+    )
+    with h:
+        doc = h.request("webhook.post", {"target": "deploy", "payload": {"a": 1}})
+        assert h.submit(doc, terminal=False, timeout=30)["status"] == "pending"
+        record = Ledger(h.config.ledger_path).get("default", doc["id"])
+    assert record is not None and record.preview is not None
+    assert record.preview["target"].startswith("webhook: deploy (")
+    assert "s3cr3t-path-9f2c" not in json.dumps(record.preview)
+    assert web.url_for("/") not in json.dumps(record.preview)
+    facts = dict(record.preview["facts"])
+    assert facts["credential"].startswith("minted per apply (openbao:bao)")
+    assert grants.counted()[("openbao:bao", "revoked")] > before
+    assert web.log == []
