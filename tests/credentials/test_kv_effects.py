@@ -175,6 +175,38 @@ def test_a_missing_field_fails_the_delivery_and_revokes_the_read(
     assert used["revoked"] is True and not bao_server.accessor_alive(bao, used["id"])
 
 
+def test_a_read_the_child_token_may_not_make_fails_the_send_before_any_login(
+    tmp_path: Path, bao: str, bao_token: str, smtp_starttls: SMTP, ca_file: str
+) -> None:
+    """OpenBao refuses the read (the child token's policy reaches no KV path): failed,
+    saying so; the SMTP server saw no login and no message."""
+    controller, inbox = smtp_starttls
+    bao_server.put(bao, "smtp/relay", {"password": SMTP_PASSWORD})
+    email = {
+        "host": "127.0.0.1",
+        "port": controller.port,
+        "security": "starttls",
+        "ca_file": ca_file,
+        "username": "agent",
+        "password_kv": "smtp/relay#password",
+        "from": "agent@example.com",
+        "allow_domains": ["example.com"],
+    }
+    h = BrokerHarness(
+        tmp_path / "broker",
+        integrations={"email": {"credential": "bao", **email}},
+        credentials={"bao": bao_server.table(bao, policies=["default"])},
+        policy=POLICY,
+    )
+    with h:
+        params = {"to": ["dev@example.com"], "subject": "built", "text": "green"}
+        result = h.submit(h.request("email.send", params), timeout=30)
+    assert result["status"] == "failed", result
+    assert "OpenBao refused smtp/relay (403)" in result["reason"]
+    assert "ask the operator" in result["reason"] and "nothing was applied" in result["reason"]
+    assert inbox.logins == [] and inbox.messages == []
+
+
 def test_a_kv_reference_names_its_provider_or_the_start_stops() -> None:
     """No server: `password_kv` without `credential` is refused naming the key."""
     table = {
