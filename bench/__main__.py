@@ -23,10 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from bench import cases, fsprobe
+from bench import credentials as credential_rows  # section 8, its own module
 from bench.stats import Figure, ratio
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SECTIONS = ("baseline", "broker", "many", "fleet", "sandbox", "idle", "start", "peers", "agents")
+SECTIONS = (
+    *("baseline", "broker", "many", "fleet", "sandbox", "idle", "start", "peers", "agents"),
+    "credentials",
+)
 
 
 class Run:
@@ -133,6 +137,8 @@ def measure(args: argparse.Namespace, cells: cases.Cells, run: Run) -> None:
         if not cases.docker_ready():
             run.add("executors", agents.executors(blocks))
         print("bench: agents done", file=sys.stderr, flush=True)
+    if "credentials" in want:
+        credential_rows.measure_into(run, cells.base, args.quick)
     _probe(run, cells, "end")
 
 
@@ -329,6 +335,7 @@ def table(run: Run) -> tuple[str, list[dict[str, Any]]]:
             }
         )
     _agent_rows(run, lines, rows)
+    credential_rows.lines_into(run, lines, rows)
     lines.append(
         "file-system probe (µs per small-file create p50/p99, per fsync p50; load average): "
         + "; ".join(
@@ -418,6 +425,7 @@ def targets(run: Run) -> list[dict[str, Any]]:
             "SandboxCodeExecutor block ≤ 1.2× AutoGen's Docker executor", block, 1.2, block <= 1.2
         )
         check("SandboxCodeExecutor start-up ≤ 1.3× AutoGen's", begin, 1.3, begin <= 1.3)
+    credential_rows.check_targets(run, check)
     return found
 
 

@@ -7,14 +7,16 @@ content-addressed store, and what a handler remembers (`ctx.remember`) is held i
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from broker import attachments
 from broker.config import Config
 from broker.errors import EffectFailed
 from broker.grants import Grants, Provider, provider_for
+from broker.masking import Masker
 from effects.base import Context
 
 if TYPE_CHECKING:
@@ -83,8 +85,22 @@ def opened(config: Config, record: Record, memo: Memo | None = None) -> Iterator
     """A Context for one handler call that may reach a service; what it minted is
     revoked when the call ends, however it ends."""
     ctx = context_for(config, record, memo)
+    assert ctx.grants is not None
     try:
         yield ctx
+    except EffectFailed as exc:
+        raise masked_failure(exc, ctx.grants.secrets()) from exc.__cause__
     finally:
-        assert ctx.grants is not None
         ctx.grants.close()
+
+
+def masked_failure(exc: EffectFailed, minted: Sequence[str]) -> EffectFailed:
+    """`exc` with what the call minted masked in its reason and issues, in place: a
+    service's refusal may echo the credential it was sent (git prints its Basic form),
+    and the broker's redaction knows only the standing secrets of broker.toml."""
+    if minted:
+        mask = Masker(minted).text
+        exc.reason = mask(exc.reason)
+        exc.args = (exc.reason,)
+        exc.issues = tuple(replace(i, message=mask(i.message)) for i in exc.issues)
+    return exc

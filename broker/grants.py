@@ -21,10 +21,11 @@ import importlib
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.metadata import entry_points
 from typing import Any, Protocol
 
+from broker import clock
 from broker.errors import ConfigError, CredentialRefused
 from broker.settings import Settings
 
@@ -41,6 +42,9 @@ STANDING = "standing credential"
 _counts_lock = threading.Lock()
 counts = {"minted": 0, "revoked": 0, "unrevoked": 0, "refused": 0}
 """What every `Grants` of this process did; `unrevoked` is a mint nobody could revoke."""
+by_provider: dict[tuple[str, str], int] = {}
+"""The same, per provider name (`github_app:acme-app`): (provider, what) → count, for
+the Prometheus counters (broker/observability/metrics.py)."""
 
 
 @dataclass(frozen=True)
@@ -76,20 +80,38 @@ class Grant:
     id: str
     expires_at: str | None
     values: Mapping[str, str] = field(repr=False)
+    minted_at: str | None = None
+    """When `Grants` got it (set there: a provider need not)."""
 
     @property
     def token(self) -> str:
         return self.values["token"]
 
     def summary(self, revoked: bool | None) -> dict[str, Any]:
-        """What the ledger, the audit event and `broker show` record: never a secret."""
+        """What the ledger, the audit event and `broker show` record: never a secret.
+        `lifetime` is what it was minted for, however soon it was revoked."""
         return {
             "scope": self.scope.describe(),
             "provider": self.provider,
             "id": self.id,
+            "minted_at": self.minted_at,
             "expires_at": self.expires_at,
+            "lifetime": lifetime(self.minted_at, self.expires_at),
             "revoked": revoked,
         }
+
+
+def lifetime(start: str | None, end: str | None) -> str | None:
+    """'30s', or '60 min' (to the minute: a service stamps expiry in whole seconds,
+    after minting began) from two RFC 3339 times; None when either is unknown."""
+    try:
+        began, ends = clock.parse_iso(start), clock.parse_iso(end)
+    except ValueError:
+        return None
+    if began is None or ends is None:
+        return None
+    seconds = max(0, round((ends - began).total_seconds()))
+    return f"{seconds}s" if seconds < 120 else f"{round(seconds / 60)} min"
 
 
 class Provider(Protocol):
@@ -200,9 +222,10 @@ class Grants:
         try:
             grant = provider.mint(scope, self.ref)
         except CredentialRefused:
-            _count("refused")
+            _count("refused", provider)
             raise
-        _count("minted")
+        _count("minted", provider)
+        grant = replace(grant, minted_at=clock.stamp())
         with self._lock:
             self._minted[scope] = grant
         return grant
@@ -228,23 +251,55 @@ def _revoke(provider: Provider | None, grant: Grant, ref: str) -> bool:
         if provider is not None:
             provider.revoke(grant)
     except Exception as exc:
-        _count("unrevoked")
+        _count("unrevoked", provider)
+        # a provider's own refusal says why in words of its own (never a secret)
+        why = exc.reason if isinstance(exc, CredentialRefused) else type(exc).__name__
         log.warning(
             "could not revoke the credential %s (%s) minted for %s: %s; it lives until %s",
             grant.id,
             grant.provider,
             ref,
-            type(exc).__name__,
+            why,
             grant.expires_at or "it expires",
         )
         return False
-    _count("revoked")
+    _count("revoked", provider)
     return True
 
 
-def _count(what: str) -> None:
+def _count(what: str, provider: Provider | None) -> None:
+    name = str(getattr(provider, "name", type(provider).__name__))
     with _counts_lock:
         counts[what] += 1
+        by_provider[(name, what)] = by_provider.get((name, what), 0) + 1
+
+
+def counted() -> dict[tuple[str, str], int]:
+    """A copy of `by_provider`, taken under its lock."""
+    with _counts_lock:
+        return dict(by_provider)
+
+
+def held(output: Mapping[str, Any] | None) -> list[str]:
+    """What an apply held, one line per credential, for the card after apply (`broker
+    show`, the web): its scope, provider and id, lifetime and whether it was revoked."""
+    lines = []
+    for used in (output or {}).get("credential") or []:
+        if not isinstance(used, Mapping):
+            continue
+        revoked = used.get("revoked")
+        ended = (
+            "revoked after"
+            if revoked is True
+            else "NOT revoked: it lives until it expires"
+            if revoked is False
+            else "not revoked"
+        )
+        lines.append(
+            f"{used.get('scope')} (by {used.get('provider')}, {used.get('id')}; "
+            f"{used.get('lifetime') or 'lifetime unknown'}, {ended})"
+        )
+    return lines
 
 
 def no_credential(scope: Scope) -> Grant | None:

@@ -82,6 +82,13 @@ class Settings(Mapping[str, Any]):
             return None
         return Settings(node, f"{self.where}.{_joined(parts)}", self.base_dir)
 
+    def reference(self, key: str, suffix: str) -> Any:
+        """The raw value of `<key>_<suffix>` (a dotted key reaches a nested table), or
+        None: a reference resolved elsewhere (`_kv`, read per call: effects/kv.py)."""
+        *path, leaf = _key_parts(key)
+        table = self._at(path) if path else self
+        return None if table is None else table._data.get(f"{leaf}_{suffix}")
+
     def secret(self, key: str) -> str | None:
         """The value behind `<key>_env` / `<key>_file` (a dotted key reaches a nested
         table; `Settings.key` quotes names holding dots), or None when neither is set;

@@ -7,9 +7,16 @@ Settings, `[integrations.git]`:
     protected_paths = ["deploy/*"]                 # older key: see [repositories.NAME]
     [integrations.git.remotes.origin]
     url = "https://github.com/acme/api.git"        # or a path, for a local remote
-    token_env = "GITHUB_TOKEN"                     # optional, for https
+    token_env = "GITHUB_TOKEN"                     # optional, for https: standing
     username = "x-access-token"                    # default
     default_branch = "main"                        # what a new branch is compared with
+    repository = "acme/api"                        # for a minted token; default: the URL's
+
+With `credential = "NAME"` in `[integrations.git]` (a `kind = "github_app"` provider,
+docs/credentials.md), an https remote holds no token: each call gets an installation
+token for the remote's repository alone, `contents: write` to push (and to undo),
+`contents: read` to fetch for an assessment or a preview, revoked when the call ends
+(effects/gitcreds.py).
 
 The host verifies the bundle against a cache of the remote, shows the exact diff,
 refuses protected branches, and pushes with `--force-with-lease`, so a branch that
@@ -36,7 +43,8 @@ from typing import Any
 from broker.errors import ConfigError, EffectFailed, InvalidParams
 from broker.models import Preview
 from broker.typing import JSON, Params
-from effects.base import Context, Handler, Settings
+from effects import gitcreds
+from effects.base import Context, Handler
 from effects.gitrun import _EMPTY_TREE, Git, Remote, _diff_span, _lock
 from effects.normal_forms import branch_name
 
@@ -66,7 +74,9 @@ class GitPush(Handler):
         "`broker undo` deletes a branch it created or pushes an updated branch back to "
         "its old commit; CI runs and notifications the push triggered stay"
     )
-    config_keys = frozenset({"remotes", "cache_dir", "protected_branches", "protected_paths"})
+    config_keys = frozenset(
+        {"remotes", "cache_dir", "protected_branches", "protected_paths", "credential"}
+    )
 
     def check_config(self, settings: Mapping[str, Any]) -> None:
         super().check_config(settings)
@@ -79,9 +89,10 @@ class GitPush(Handler):
             where = f"integrations.git.remotes.{name}"
             if not isinstance(table, Mapping) or not isinstance(table.get("url"), str):
                 raise ConfigError(f"{where}.url: required, the remote's URL or path")
-            bad = set(table) - {"url", "token_env", "token_file", "username", "default_branch"}
+            bad = set(table) - gitcreds.REMOTE_KEYS
             if bad:
                 raise ConfigError(f"{where}.{sorted(bad)[0]}: unknown key")
+            gitcreds.check_remote(settings, table, where)
         for key in ("protected_branches", "protected_paths"):
             value = settings.get(key, [])
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -107,7 +118,9 @@ class GitPush(Handler):
                     "protected_branch",
                 )
 
-    def _remote(self, params: Params, ctx: Context) -> Remote:
+    def _remote(self, params: Params, ctx: Context, access: gitcreds.Access = None) -> Remote:
+        """The remote the request names, with the token of this call: minted for
+        `access` (read, write) when the integration names a provider, else standing."""
         remotes = ctx.settings.get("remotes", {})
         name = params["remote"]
         table = remotes.get(name)
@@ -117,7 +130,7 @@ class GitPush(Handler):
         return Remote(
             name=name,
             url=table["url"],
-            token=ctx.secret(Settings.key("remotes", name, "token")),
+            token=gitcreds.token(ctx, name, table, access),
             username=table.get("username", "x-access-token"),
             default_branch=table.get("default_branch", "main"),
         )
@@ -144,8 +157,8 @@ class GitPush(Handler):
             shutil.rmtree(aside, ignore_errors=True)
         return repo
 
-    def _prepare(self, params: Params, ctx: Context) -> Prepared:
-        remote = self._remote(params, ctx)
+    def _prepare(self, params: Params, ctx: Context, access: gitcreds.Access = "read") -> Prepared:
+        remote = self._remote(params, ctx, access)
         cache = self._cache(remote, ctx)
         git = Git(cache, remote)
         git(
@@ -281,9 +294,9 @@ class GitPush(Handler):
         )
 
     def apply(self, params: Params, ctx: Context) -> JSON:
-        remote = self._remote(params, ctx)
+        remote = self._remote(params, ctx, "write")
         with _lock(remote.name):
-            prepared = self._prepare(params, ctx)
+            prepared = self._prepare(params, ctx, "write")  # the same token: one per call
             branch = params["branch"]
             out: JSON = {
                 "remote": remote.name,
@@ -350,7 +363,7 @@ class GitPush(Handler):
         )
 
     def revert(self, output: Mapping[str, Any], ctx: Context) -> JSON:
-        remote = self._remote({"remote": output["remote"]}, ctx)
+        remote = self._remote({"remote": output["remote"]}, ctx, "write")
         with _lock(remote.name):
             cache = self._cache(remote, ctx)
             self._push(cache, remote, output.get("old"), output["branch"], output["new"])

@@ -6,8 +6,8 @@ Settings, `[integrations.webhook]`:
     ca_file = "/etc/ssl/internal.pem"   # optional extra CA to trust
 
     [integrations.webhook.targets.deploy-notify]
-    url_env = "DEPLOY_HOOK_URL"         # or url_file, or url when it is no secret
-    secret_env = "DEPLOY_HOOK_SECRET"   # optional HMAC-SHA256 key (or secret_file)
+    url_env = "DEPLOY_HOOK_URL"         # or url_file, url_kv, or url when it is no secret
+    secret_env = "DEPLOY_HOOK_SECRET"   # optional HMAC-SHA256 key (or secret_file, secret_kv)
     retries = 3                         # after the first attempt; 5xx and network errors only
     backoff = "1s"                      # doubled after each retry
     timeout = "10s"                     # per attempt
@@ -17,6 +17,10 @@ Every delivery carries `X-Broker-Delivery` (stable for the request, so a receive
 drop repeats), `X-Broker-Timestamp` (Unix seconds) and, with a secret,
 `X-Broker-Signature: sha256=<hex HMAC-SHA256 of the exact body bytes>`. The payload is
 passed through as JSON, so Slack incoming webhooks work unchanged.
+
+`url_kv = "PATH#FIELD"` and `secret_kv` read the target's URL and key per delivery from
+the provider `[integrations.webhook] credential = "NAME"` names (effects/kv.py): the
+key at apply only, a URL also for the preview (which checks its address).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from broker.errors import ConfigError, EffectFailed, InvalidParams
 from broker.masking import Masker
 from broker.models import Preview
 from broker.typing import JSON, Params
+from effects import kv
 from effects.base import Context, Handler, Settings
 from effects.netguard import (
     HTTPX_ERRORS,
@@ -62,7 +67,7 @@ from effects.netguard import (
 
 TARGET_KEYS = frozenset(
     {"url", "url_env", "url_file", "secret_env", "secret_file", "retries", "backoff", "timeout"}
-    | {"allow_networks", "response"}
+    | {"allow_networks", "response", "url_kv", "secret_kv"}
 )
 MAX_RETRIES = 10
 RESPONSE_BYTES = 2048
@@ -130,8 +135,8 @@ def _target(name: str, spec: Any, secret: Secret) -> Target:
         key = sorted(unknown)[0]
         hint = "; use secret_env or secret_file" if key == "secret" else ""
         raise ConfigError(f"{where}.{key}: unknown key{hint}")
-    if sum(k in spec for k in ("url", "url_env", "url_file")) != 1:
-        raise ConfigError(f"{where}: set exactly one of url, url_env and url_file")
+    if sum(k in spec for k in ("url", "url_env", "url_file", "url_kv")) != 1:
+        raise ConfigError(f"{where}: set exactly one of url, url_env, url_file and url_kv")
     raw = spec.get("url") or secret(Settings.key("targets", name, "url"))
     if not isinstance(raw, str) or not raw:
         raise ConfigError(f"{where}.url: an http(s) URL is required")
@@ -165,7 +170,7 @@ def settings_from(table: Mapping[str, Any], secret: Secret | None = None) -> Web
     """Parse and check `[integrations.webhook]`; a fault names the key. Secrets come
     from `secret` (`ctx.secret`), else resolve in `table` as at start."""
     where = "integrations.webhook"
-    secret = secret or Settings.of(table, where).secret
+    secret = secret or kv.static(table, where)
     raw = table.get("targets", {})
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where}.targets: expected tables [{where}.targets.NAME]")
@@ -206,7 +211,9 @@ class WebhookPost(Handler):
         "a delivered webhook cannot be recalled; a repeat carries the same X-Broker-Delivery "
         "id so the receiver can drop it"
     )
-    config_keys: ClassVar[frozenset[str]] = frozenset({"allow_networks", "ca_file", "targets"})
+    config_keys: ClassVar[frozenset[str]] = frozenset(
+        {"allow_networks", "ca_file", "targets", "credential"}
+    )
 
     def __init__(
         self,
@@ -227,9 +234,17 @@ class WebhookPost(Handler):
         targets = settings_from(settings).targets.values()
         return {f"target {t.name}": t.response.describe() for t in targets}
 
-    def _target(self, params: Params, ctx: Context) -> tuple[WebhookSettings, Target]:
+    def _target(
+        self, params: Params, ctx: Context, fetch: tuple[str, ...] = ()
+    ) -> tuple[WebhookSettings, Target]:
+        """The settings and the named target; of its KV secrets, those named in `fetch`
+        (`url`, `secret`) are read, every other one stands for itself (effects/kv.py)."""
+        name = str(params.get("target", ""))
+        named = '"' not in name and name
+        mine = {Settings.key("targets", name, k) for k in fetch} if named else set()
         try:
-            settings = settings_from(ctx.settings, ctx.secret)
+            secret = kv.reader(ctx, "integrations.webhook", mine.__contains__)
+            settings = settings_from(ctx.settings, secret)
         except ConfigError as exc:
             raise EffectFailed(
                 f"failed: webhook.post is misconfigured on this host ({exc}); tell the operator"
@@ -248,7 +263,7 @@ class WebhookPost(Handler):
         self._target(params, ctx)
 
     def preview(self, params: Params, ctx: Context) -> Preview:
-        settings, target = self._target(params, ctx)
+        settings, target = self._target(params, ctx, ("url",))  # its address is checked
         body = payload_bytes(params)
         guard = NetGuard(settings.allow + target.allow, self.resolver)
         try:
@@ -286,7 +301,7 @@ class WebhookPost(Handler):
         )
 
     def apply(self, params: Params, ctx: Context) -> JSON:
-        settings, target = self._target(params, ctx)
+        settings, target = self._target(params, ctx, ("url", "secret"))
         body = payload_bytes(params)
         delivery = delivery_id(ctx)
         guard = NetGuard(settings.allow + target.allow, self.resolver)

@@ -25,6 +25,7 @@ from broker.audit.log import flush
 from broker.clock import REAL, Clock, iso, parse_iso
 from broker.config import Config
 from broker.errors import BrokerError, DecisionError
+from broker.grants import held
 from broker.identity import Proof, approver_name, same_person
 from broker.lifecycle.transitions import Lifecycle
 from broker.models import Decision, Record
@@ -268,6 +269,7 @@ def _outcome(record: Record, decisions: list[Decision]) -> dict[str, Any]:
         "decided_at": record.decided_at,
         "completed_at": record.completed_at,
         "output": record.output,
+        "credential": held(record.output),  # what the apply held (broker/grants.py)
         "warning": service_warning(record.state, record.output),
         "links": [{"key": k, "url": u} for k, u in links(record.output)],
         "durations": durations(record),

@@ -83,6 +83,8 @@ def _print_outcome(c: dict[str, Any]) -> None:
         say(f"[bold yellow]WARNING[/]  {terminal(c['warning'])}")
     for link in c.get("links") or []:
         say(f"[bold]LINK[/]  {terminal(link['key'])}: {terminal(link['url'])}")
+    for line in c.get("credential") or []:
+        say(f"[bold]CREDENTIAL[/]  {terminal(line)}")
     if c.get("output") is not None:
         from broker.approval.card import output_text
 

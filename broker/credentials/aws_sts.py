@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from typing import Any
 
 from broker.errors import ConfigError, CredentialRefused
@@ -38,6 +39,8 @@ READ_ACTIONS = (
     "s3:ListBucketVersions",
 )
 _UNSAFE = re.compile(r"[^\w+=,.@-]")
+_lock = threading.Lock()
+_session: list[Any] = []  # one boto3 session: a client from it costs ms, a new one ~100 ms
 
 
 class AssumeRole:
@@ -122,12 +125,18 @@ class AssumeRole:
             read_timeout=self.timeout,
             retries={"total_max_attempts": 1},
         )
-        return boto3.session.Session(
-            aws_access_key_id=key_id,
-            aws_secret_access_key=secret,
-            aws_session_token=token,
-            region_name=self.settings.get("region"),
-        ).client("sts", endpoint_url=self.settings.get("endpoint_url"), config=config)
+        with _lock:  # a boto3 session is not safe to share between threads unlocked
+            if not _session:
+                _session.append(boto3.session.Session())
+            return _session[0].client(
+                "sts",
+                endpoint_url=self.settings.get("endpoint_url"),
+                config=config,
+                region_name=self.settings.get("region"),
+                aws_access_key_id=key_id,
+                aws_secret_access_key=secret,
+                aws_session_token=token,
+            )
 
 
 def _refusal(exc: Exception, role: str) -> str:

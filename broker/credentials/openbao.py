@@ -15,11 +15,14 @@ its accessor after the call all the same, so a token that escaped reads nothing 
 
 from __future__ import annotations
 
+import threading
+from datetime import timedelta
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 import httpx
 
+from broker import clock
 from broker.errors import ConfigError, CredentialRefused
 from broker.grants import Grant, Scope
 from broker.settings import Settings
@@ -28,6 +31,15 @@ KEYS = frozenset({"kind", "address", "token_env", "token_file", "mount", "polici
 CHILD_KEY = "openbao_token"
 """Where a Grant keeps the child token, beside the KV data's own keys."""
 CHILD = {"ttl": "30s", "num_uses": 1, "no_parent": False, "renewable": False}
+_lock = threading.Lock()
+_http: list[httpx.Client] = []  # one pool for every call: a client costs ~40 ms to make
+
+
+def _client() -> httpx.Client:
+    with _lock:
+        if not _http:
+            _http.append(httpx.Client())
+        return _http[0]
 
 
 class OpenBao:
@@ -70,9 +82,9 @@ class OpenBao:
         made = self._call("POST", "/v1/auth/token/create", parent, body, path)
         auth = made.get("auth") or {}
         child, accessor = str(auth.get("client_token", "")), str(auth.get("accessor", ""))
-        grant = Grant(
-            scope, self.name, f"accessor {accessor}", "30s after minting", {"token": child}
-        )
+        lease = timedelta(seconds=int(auth.get("lease_duration") or 30))
+        expires = clock.iso(clock.now() + lease)
+        grant = Grant(scope, self.name, f"accessor {accessor}", expires, {"token": child})
         try:
             read = self._call(
                 "GET", f"/v1/{quote(self.mount)}/data/{quote(path)}", child, None, path
@@ -85,10 +97,12 @@ class OpenBao:
         return Grant(scope, self.name, grant.id, grant.expires_at, values)
 
     def revoke(self, grant: Grant) -> None:
-        """Revoke the child token (a spent one is gone already) by its accessor."""
+        """Revoke the child token by its accessor. A spent one is gone already, or going:
+        OpenBao then answers 200, or 400 "token not found" while it deletes it."""
         body = {"accessor": grant.id.removeprefix("accessor ")}
         what = grant.scope.resources[0]
-        self._call("POST", "/v1/auth/token/revoke-accessor", self._parent(), body, what)
+        path = "/v1/auth/token/revoke-accessor"
+        self._call("POST", path, self._parent(), body, what, gone=True)
 
     def _parent(self) -> str:
         try:
@@ -98,9 +112,13 @@ class OpenBao:
                 f"failed: the broker's OpenBao token is unavailable ({exc}); ask the operator"
             ) from exc
 
-    def _call(self, verb: str, path: str, token: str, body: Any, what: str) -> dict[str, Any]:
+    def _call(
+        self, verb: str, path: str, token: str, body: Any, what: str, gone: bool = False
+    ) -> dict[str, Any]:
+        """The call's JSON; CredentialRefused saying why not. `gone`: a token not found
+        is what was asked for (a revocation)."""
         try:
-            answer = httpx.request(
+            answer = _client().request(
                 verb,
                 self.address + path,
                 json=body,
@@ -117,6 +135,8 @@ class OpenBao:
                 f"failed: OpenBao could not be reached for {what} ({type(exc).__name__}); "
                 "nothing was applied; try again later"
             ) from exc
+        if gone and answer.status_code == 400 and "token not found" in answer.text:
+            return {}
         if answer.status_code == 503:
             raise CredentialRefused(
                 f"failed: OpenBao is sealed or unavailable (503) for {what}; nothing was applied; "

@@ -218,7 +218,8 @@ def call(effect: Effect, record: Record, config: Config, marks: StartMarks) -> A
         return applied
     # the credential's scope is recorded with the outcome; the credential itself never
     mask = Masker(minted)
-    output = {**mask(applied.output), "credential": used} if applied.output is not None else None
+    # a failed apply's row keeps them too (`broker show`, the card): what it held
+    output = {**(mask(applied.output) if applied.output is not None else {}), "credential": used}
     reason = mask.text(applied.reason) if applied.reason is not None else None
     issues = mask(applied.issues)
     return replace(applied, output=output, reason=reason, issues=issues, credential=used)

@@ -12,11 +12,12 @@ from typing import Any
 
 from broker.clock import REAL, Clock
 from broker.config import Config
-from broker.context import Memo, context_for
+from broker.context import Memo, context_for, masked_failure
 from broker.errors import EffectFailed
 from broker.events import Assessed, Event, Key
 from broker.grants import kind_of_credential
 from broker.lifecycle.apply import Job, Workers
+from broker.masking import Masker
 from broker.models import Record
 from broker.policy.controls import LiveControls
 from broker.policy.ruleset import Policy
@@ -133,9 +134,13 @@ def assess(
             protected, wanted = effect.protected_for(params, ctx), True
         preview = preview_of(effect, params, ctx, record) if wanted else None
         if preview is not None:
-            preview = _with_credential(preview, config, effect.name)
-    except EffectFailed as exc:
-        return Assessed(record.key, record.sha256 or "", refused=exc)
+            minted = ctx.grants.secrets() if ctx.grants is not None else []
+            preview = _with_credential(
+                Masker(minted)(preview) if minted else preview, config, effect.name
+            )
+    except EffectFailed as exc:  # its reason may echo what the assessment minted
+        minted = ctx.grants.secrets() if ctx.grants is not None else []
+        return Assessed(record.key, record.sha256 or "", refused=masked_failure(exc, minted))
     except Exception:
         log.exception("assessing %s/%s failed", record.sandbox, record.id)
         return Assessed(

@@ -14,6 +14,10 @@
     broker_audit_unsynced_seconds                  gauge: the oldest line still waiting
     broker_watcher_rescans_total                   counter (and _restarts_total)
     broker_observer_failures_total{observer}       counter
+    broker_credentials_minted_total{provider}      counter: credentials minted per apply
+    broker_credentials_refused_total{provider}     counter: mints refused (nothing applied)
+    broker_credentials_revoke_failed_total{provider}  counter: minted, not revoked: it
+                                                   lives until it expires (logged)
 
 An `effect` label is a registered effect's name, or `(unregistered)`: a name a sandbox
 made up never becomes a label (nor a new time series). Times come from the requests'
@@ -33,6 +37,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from broker import grants
 from broker.clock import parse_iso
 from broker.events import Key
 from broker.lifecycle.apply import BROKE
@@ -104,6 +109,7 @@ class Metrics:
             registry=r,
         )
         self.restarts = Counter("broker_watcher_restarts", "Outbox watchers restarted", registry=r)
+        r.register(_Credentials())
         self._pending: OrderedDict[Key, str] = OrderedDict()  # key → its effect label
         self._applying: OrderedDict[Key, str] = OrderedDict()  # key → when it began applying
         self._counted: OrderedDict[Key, bool] = OrderedDict()  # outcomes already counted
@@ -255,3 +261,27 @@ class _Failures(Collector):
         for name, count in sorted(self._failures().items()):
             family.add_metric([name], count)
         yield family
+
+
+CREDENTIAL_COUNTERS = {
+    "minted": ("broker_credentials_minted", "Credentials minted for one apply, by provider"),
+    "refused": ("broker_credentials_refused", "Mints a provider refused: nothing was applied"),
+    "unrevoked": (
+        "broker_credentials_revoke_failed",
+        "Minted credentials that could not be revoked: each lives until it expires",
+    ),
+}
+
+
+class _Credentials(Collector):
+    """The credential providers' counts (broker.grants), read when scraped: the seam
+    counts for every caller of a handler (apply, undo, an assessment's preview)."""
+
+    def collect(self) -> Iterator[Metric]:
+        counted = grants.counted()
+        for what, (name, text) in CREDENTIAL_COUNTERS.items():
+            family = CounterMetricFamily(name, text, labels=["provider"])
+            for (provider, kind), count in sorted(counted.items()):
+                if kind == what:
+                    family.add_metric([provider], count)
+            yield family

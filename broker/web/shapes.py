@@ -104,6 +104,11 @@ class Card(BaseModel):
     decided_at: str | None = None
     completed_at: str | None = None
     links: list[Link] = Field(default=[], description="the http(s) URLs in the output")
+    credential: list[str] = Field(
+        default=[],
+        description="what the apply held, one line each: scope, provider and id, lifetime, "
+        "revoked (never the secret)",
+    )
     durations: Durations | None = None
     timeline: list[Step] = Field(default=[], description="the request's life, oldest first")
 

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 from broker.errors import ConfigError, EffectFailed
 from broker.models import Preview
 from broker.typing import JSON, Params
+from effects import kv
 from effects.base import Context, Handler
 from effects.email.delivery import reply_text, send
 from effects.email.errors import smtp_failure
@@ -33,6 +34,8 @@ class EmailSend(Handler):
             "username",
             "password_env",
             "password_file",
+            "password_kv",
+            "credential",
             "from",
             "allow_domains",
             "max_recipients",
@@ -48,13 +51,14 @@ class EmailSend(Handler):
             settings_from(settings)
 
     @staticmethod
-    def _settings(ctx: Context) -> EmailSettings:
+    def _settings(ctx: Context, fetch: bool = False) -> EmailSettings:
+        """The checked settings; a KV password is read only when `fetch` (at apply)."""
         if not ctx.settings:
             raise EffectFailed(
                 "failed: email.send is not configured on this host ([integrations.email])"
             )
         try:
-            return settings_from(ctx.settings, ctx.secret)
+            return settings_from(ctx.settings, kv.reader(ctx, "integrations.email", fetch))
         except ConfigError as exc:
             raise EffectFailed(
                 f"failed: email.send is misconfigured on this host ({exc}); tell the operator"
@@ -86,7 +90,7 @@ class EmailSend(Handler):
         )
 
     def apply(self, params: Params, ctx: Context) -> JSON:
-        settings = self._settings(ctx)
+        settings = self._settings(ctx, fetch=True)
         env = envelope(params, settings)
         msg = build_message(params, settings, env, ctx, datetime.now(UTC))
         try:

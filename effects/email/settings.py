@@ -12,7 +12,7 @@ from typing import Any
 
 from broker.clock import parse_duration
 from broker.errors import ConfigError, InvalidParams
-from effects.base import Settings
+from effects import kv
 from effects.email.addresses import parse_mailbox
 
 SECURITY_PORTS = {"starttls": 587, "ssl": 465, "none": 25}
@@ -49,7 +49,7 @@ def settings_from(table: Mapping[str, Any], secret: Secret | None = None) -> Ema
     where = "integrations.email"
     host, port, security = _server(table, where)
     sender, domains = _sender(table, where), _domains(table, where)
-    username, password = _login(table, where, security, secret or Settings.of(table, where).secret)
+    username, password = _login(table, where, security, secret or kv.static(table, where))
     max_recipients = table.get("max_recipients", 20)
     if (
         not isinstance(max_recipients, int)

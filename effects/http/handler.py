@@ -15,7 +15,8 @@ from broker.errors import ConfigError, EffectFailed, InvalidParams
 from broker.masking import Masker
 from broker.models import Preview
 from broker.typing import JSON, Params
-from effects.base import Context, Handler
+from effects import kv
+from effects.base import Context, Handler, Settings
 from effects.http.calls import SAFE_METHODS, Call, bound_by, build_call, method_refusal
 from effects.http.responses import output
 from effects.http.settings import METHODS, HttpSettings, settings_from
@@ -58,6 +59,7 @@ class HttpRequest(Handler):
             "max_response_time",
             "max_redirects",
             "ca_file",
+            "credential",
         }
     )
 
@@ -82,9 +84,18 @@ class HttpRequest(Handler):
         return {**found, "a url": Allowed().describe()}
 
     @staticmethod
-    def _settings(ctx: Context) -> HttpSettings:
+    def _settings(ctx: Context, destination: str | None = None) -> HttpSettings:
+        """The checked settings; the KV secrets of `destination` alone are read (at
+        apply), every other one stands for itself (effects/kv.py)."""
+        mine = None  # no destination, or an unknown one (refused below): nothing is read
+        if destination and '"' not in destination:
+            mine = f"{Settings.key('destinations', destination)}."
+
+        def fetch(key: str) -> bool:
+            return mine is not None and key.startswith(mine)
+
         try:
-            return settings_from(ctx.settings, ctx.secret)
+            return settings_from(ctx.settings, kv.reader(ctx, "integrations.http", fetch))
         except ConfigError as exc:
             raise EffectFailed(
                 f"failed: http.request is misconfigured on this host ({exc}); tell the operator"
@@ -183,7 +194,7 @@ class HttpRequest(Handler):
         )
 
     def apply(self, params: Params, ctx: Context) -> JSON:
-        settings = self._settings(ctx)
+        settings = self._settings(ctx, params.get("destination"))
         call = build_call(params, settings)
         check_literal(call.url, settings.allow + call.allow)
         what = call.destination.name if call.destination else call.url.host

@@ -12,6 +12,7 @@ import httpx
 
 from broker.clock import parse_duration
 from broker.errors import ConfigError, InvalidParams
+from effects import kv
 from effects.base import Settings
 from effects.netguard import (
     Allowed,
@@ -70,7 +71,7 @@ def settings_from(table: Mapping[str, Any], secret: Secret | None = None) -> Htt
     """Parse and check `[integrations.http]`; a fault names the key. Secrets come from
     `secret` (`ctx.secret`), else resolve in `table` as at start."""
     where = "integrations.http"
-    secret = secret or Settings.of(table, where).secret
+    secret = secret or kv.static(table, where)
     try:
         max_time = parse_duration(table.get("max_response_time", "30s"))
     except ValueError as exc:

@@ -63,11 +63,12 @@ def parse_headers(table: Mapping[str, Any], where: str, secret: Secret) -> Heade
         here = f"{where}.secret_headers.{name}"
         if not isinstance(ref, Mapping):
             raise ConfigError(f'{here}: expected {{ value_env = "VAR" }} or {{ value_file = ... }}')
-        extra = set(ref) - {"value_env", "value_file", "prefix"}
+        extra = set(ref) - {"value_env", "value_file", "value_kv", "prefix"}
         if extra:
             raise ConfigError(f"{here}.{sorted(extra)[0]}: unknown key")
-        if ("value_env" in ref) == ("value_file" in ref):
-            raise ConfigError(f"{here}: set exactly one of value_env and value_file")
+        if sum(k in ref for k in ("value_env", "value_file", "value_kv")) != 1:
+            # value_kv: read per apply from the integration's provider (effects/kv.py)
+            raise ConfigError(f"{here}: set exactly one of value_env, value_file and value_kv")
         prefix = ref.get("prefix", "")
         if not isinstance(prefix, str):
             raise ConfigError(f'{here}.prefix: expected a string such as "Bearer "')

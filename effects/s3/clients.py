@@ -3,6 +3,7 @@ that retries, and a writer that never does."""
 
 from __future__ import annotations
 
+import threading
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,10 @@ if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
 
+_shared_lock = threading.Lock()
+_shared: list[Any] = []  # one boto3 session: its loader keeps the service models
+
+
 @lru_cache(maxsize=8)
 def _make_clients(
     endpoint: str | None,
@@ -28,15 +33,23 @@ def _make_clients(
     secret: str | None,
     token: str | None,
 ) -> tuple[S3Client, S3Client]:
+    """The standing keys' clients, kept: made once per settings."""
+    return _fresh_clients(endpoint, region, style, key_id, secret, token)
+
+
+def _fresh_clients(
+    endpoint: str | None,
+    region: str | None,
+    style: str,
+    key_id: str | None,
+    secret: str | None,
+    token: str | None,
+) -> tuple[S3Client, S3Client]:
+    """Clients for these keys, made from the shared session: a few milliseconds, where
+    a session of their own costs ~100 ms (it loads the service models again). A minted
+    session's are made per call and kept by nobody once it ends."""
     import boto3  # here, not at import: a start that serves no S3 request never loads it
     from botocore.config import Config as BotoConfig
-
-    session = boto3.session.Session(
-        aws_access_key_id=key_id,
-        aws_secret_access_key=secret,
-        aws_session_token=token,
-        region_name=region,
-    )
 
     def make(attempts: int) -> S3Client:
         s3_options: Any = {"addressing_style": style}
@@ -46,11 +59,23 @@ def _make_clients(
             retries={"mode": "standard", "total_max_attempts": attempts},
             s3=s3_options,
         )
-        return session.client("s3", endpoint_url=endpoint, config=config)
+        made: S3Client = _shared[0].client(
+            "s3",
+            endpoint_url=endpoint,
+            config=config,
+            region_name=region,
+            aws_access_key_id=key_id,
+            aws_secret_access_key=secret,
+            aws_session_token=token,
+        )
+        return made
 
-    # Writes are never retried by botocore: a retried conditional write that had in
-    # fact succeeded would come back as a 412 and be reported as a conflict.
-    return make(3), make(1)
+    with _shared_lock:  # a boto3 session is not safe to share between threads unlocked
+        if not _shared:
+            _shared.append(boto3.session.Session())
+        # Writes are never retried by botocore: a retried conditional write that had in
+        # fact succeeded would come back as a 412 and be reported as a conflict.
+        return make(3), make(1)
 
 
 def object_scope(
@@ -69,8 +94,8 @@ def clients(ctx: Context, scope: Scope) -> tuple[S3Client, S3Client]:
     never retries."""
     settings = ctx.settings
     grant = ctx.credential(scope)
-    if grant is not None:
-        return _make_clients(
+    if grant is not None:  # never cached: the session's secrets end with the call
+        return _fresh_clients(
             settings.get("endpoint_url"),
             settings.get("region"),
             settings.get("addressing_style", "auto"),

@@ -16,6 +16,7 @@ import pytest
 from broker import grants
 from broker.grants import Grant, Grants, Scope, kind_of_credential
 from broker.settings import Settings
+from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness
 from effects.base import Context, EffectFailed, Handler, Preview
 from tests.support import eventually
@@ -139,7 +140,13 @@ def test_a_failed_apply_revokes_and_audits_the_scope(tmp_path: Path) -> None:
     (secret,) = MINTED
     assert [secret] == REVOKED and secret not in str(result)
     line = eventually(lambda: _failed_line(h.config.audit_path))
-    assert json.loads(line)["credential"][0]["scope"] == "echo: thing/1 only; say:write"
+    (audited,) = json.loads(line)["credential"]
+    assert audited["scope"] == "echo: thing/1 only; say:write"
+    assert (audited["provider"], audited["id"], audited["revoked"]) == ("echo:test", "n1", True)
+    assert audited["minted_at"] and "lifetime" in audited  # None: the provider gave no expiry
+    row = Ledger(h.config.ledger_path).get("default", result["id"])
+    assert row is not None and row.state == "failed"
+    assert row.output == {"credential": [audited]}  # the row keeps it, as the result does
 
 
 def _failed_line(path: Path) -> str:

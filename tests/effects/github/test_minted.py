@@ -62,7 +62,9 @@ def test_an_issue_gets_a_token_for_its_repository_and_issues_only(
             "scope": "github: acme/api only; issues:write, metadata:read",
             "provider": "github_app:acme-app",
             "id": used[0]["id"],
+            "minted_at": used[0]["minted_at"],
             "expires_at": used[0]["expires_at"],
+            "lifetime": "60 min",  # what GitHub gives an installation token
             "revoked": True,
         }
     ]
