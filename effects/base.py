@@ -96,7 +96,7 @@ from broker.errors import ConfigError, CredentialRefused, EffectFailed, InvalidP
 from broker.grants import Grant, Grants, Scope
 from broker.models import Preview
 from broker.repositories import Repositories
-from broker.settings import Settings
+from broker.settings import Settings, only_keys
 from broker.typing import JSON, Params
 from broker.validation import load_schema
 
@@ -268,9 +268,7 @@ def _read_schema(path: Path) -> dict[str, Any]:
 
 def reject_unknown_keys(settings: Mapping[str, Any], known: frozenset[str], section: str) -> None:
     """Refuse a key `check_config` does not know, naming it (a typo never passes)."""
-    unknown = set(settings) - known
-    if unknown:
-        raise ConfigError(f"integrations.{section}.{sorted(unknown)[0]}: unknown key")
+    only_keys(f"integrations.{section}", settings, known)
 
 
 def optional_setting(

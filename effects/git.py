@@ -42,6 +42,7 @@ from typing import Any
 
 from broker.errors import ConfigError, EffectFailed, InvalidParams
 from broker.models import Preview
+from broker.settings import only_keys
 from broker.typing import JSON, Params
 from effects import gitcreds
 from effects.base import Context, Handler
@@ -89,9 +90,7 @@ class GitPush(Handler):
             where = f"integrations.git.remotes.{name}"
             if not isinstance(table, Mapping) or not isinstance(table.get("url"), str):
                 raise ConfigError(f"{where}.url: required, the remote's URL or path")
-            bad = set(table) - gitcreds.REMOTE_KEYS
-            if bad:
-                raise ConfigError(f"{where}.{sorted(bad)[0]}: unknown key")
+            only_keys(where, table, gitcreds.REMOTE_KEYS)
             gitcreds.check_remote(settings, table, where)
         for key in ("protected_branches", "protected_paths"):
             value = settings.get(key, [])

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from broker.clock import REAL
+from broker.credentials import pool
 from broker.errors import ConfigError, CredentialRefused
 from broker.grants import Grant, Scope, fingerprint
 from broker.settings import Settings
@@ -39,15 +40,7 @@ LEVELS = {"read": 1, "write": 2, "admin": 3}
 JWT_REUSE_S = 300  # GitHub takes an App's JWT for 10 minutes; it reaches no repository itself
 
 _lock = threading.Lock()
-_http: list[httpx.Client] = []  # one pool for every exchange: a client costs ~40 ms to make
 _jwts: dict[tuple[int, str], tuple[float, str]] = {}  # (app, key digest) → (made at, JWT)
-
-
-def _client() -> httpx.Client:
-    with _lock:
-        if not _http:
-            _http.append(httpx.Client())
-        return _http[0]
 
 
 class GitHubApp:
@@ -141,7 +134,9 @@ class GitHubApp:
     def _send(self, verb: str, url: str, auth: str, body: Any, repo: str) -> httpx.Response:
         headers = {**HEADERS, "Authorization": auth, "User-Agent": "sandbox-outbox-broker"}
         try:
-            return _client().request(verb, url, json=body, headers=headers, timeout=self.timeout)
+            return pool.client().request(
+                verb, url, json=body, headers=headers, timeout=self.timeout
+            )
         except httpx.TimeoutException as exc:
             raise CredentialRefused(
                 f"failed: GitHub did not mint a token for {repo} within {self.timeout:g} s; "

@@ -15,7 +15,6 @@ its accessor after the call all the same, so a token that escaped reads nothing 
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -23,6 +22,7 @@ from urllib.parse import quote, urlsplit
 import httpx
 
 from broker import clock
+from broker.credentials import pool
 from broker.errors import ConfigError, CredentialRefused
 from broker.grants import Grant, Scope
 from broker.settings import Settings
@@ -31,15 +31,6 @@ KEYS = frozenset({"kind", "address", "token_env", "token_file", "mount", "polici
 CHILD_KEY = "openbao_token"
 """Where a Grant keeps the child token, beside the KV data's own keys."""
 CHILD = {"ttl": "30s", "num_uses": 1, "no_parent": False, "renewable": False}
-_lock = threading.Lock()
-_http: list[httpx.Client] = []  # one pool for every call: a client costs ~40 ms to make
-
-
-def _client() -> httpx.Client:
-    with _lock:
-        if not _http:
-            _http.append(httpx.Client())
-        return _http[0]
 
 
 class OpenBao:
@@ -118,7 +109,7 @@ class OpenBao:
         """The call's JSON; CredentialRefused saying why not. `gone`: a token not found
         is what was asked for (a revocation)."""
         try:
-            answer = _client().request(
+            answer = pool.client().request(
                 verb,
                 self.address + path,
                 json=body,

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from broker.errors import ConfigError, EffectFailed
+from broker.settings import only_keys
 from effects.base import Context, Scope, Settings
 
 if TYPE_CHECKING:  # imported by the calls that use them: a start never pays for PyGithub
@@ -67,9 +68,7 @@ class GitHubSettings:
 def check_settings(settings: Mapping[str, Any]) -> GitHubSettings:
     """Validate [integrations.github]; raises ConfigError naming the key at fault."""
     where = "integrations.github"
-    unknown = set(settings) - CONFIG_KEYS
-    if unknown:
-        raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown key")
+    only_keys(where, settings, CONFIG_KEYS)
     base_url = settings.get("base_url", DEFAULT_BASE_URL)
     if not isinstance(base_url, str):
         raise ConfigError(f"{where}.base_url: expected a URL, got {base_url!r}")

@@ -12,6 +12,7 @@ import httpx
 
 from broker.clock import parse_duration
 from broker.errors import ConfigError, InvalidParams
+from broker.settings import only_keys
 from effects import kv
 from effects.base import Settings
 from effects.netguard import (
@@ -97,9 +98,7 @@ def _destination(name: str, spec: Any, secret: Secret) -> Destination:
         raise ConfigError(f"{where}: a destination name is letters, digits, '-' and '_'")
     if not isinstance(spec, Mapping):
         raise ConfigError(f"{where}: expected a table")
-    unknown = set(spec) - DESTINATION_KEYS
-    if unknown:
-        raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown key")
+    only_keys(where, spec, DESTINATION_KEYS)
     base = spec.get("base_url")
     if not isinstance(base, str):
         raise ConfigError(f"{where}.base_url: required, an http(s) URL")

@@ -11,6 +11,7 @@ from typing import Any
 from broker.errors import ConfigError
 from broker.masking import MASK as MASK
 from broker.masking import Masker
+from broker.settings import only_keys
 from effects.base import Settings
 
 Secret = Callable[[str], str | None]
@@ -63,9 +64,7 @@ def parse_headers(table: Mapping[str, Any], where: str, secret: Secret) -> Heade
         here = f"{where}.secret_headers.{name}"
         if not isinstance(ref, Mapping):
             raise ConfigError(f'{here}: expected {{ value_env = "VAR" }} or {{ value_file = ... }}')
-        extra = set(ref) - {"value_env", "value_file", "value_kv", "prefix"}
-        if extra:
-            raise ConfigError(f"{here}.{sorted(extra)[0]}: unknown key")
+        only_keys(here, ref, {"value_env", "value_file", "value_kv", "prefix"})
         if sum(k in ref for k in ("value_env", "value_file", "value_kv")) != 1:
             # value_kv: read per apply from the integration's provider (effects/kv.py)
             raise ConfigError(f"{here}: set exactly one of value_env, value_file and value_kv")
