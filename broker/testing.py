@@ -207,6 +207,7 @@ class BrokerHarness:
         prepare: Callable[[Broker], None] | None = None,
         staged: Staged | bool = False,
         clock: Clock = REAL,
+        rescan_interval_s: float = 2.0,
     ) -> None:
         self.base = Path(base)
         self.clock = clock  # the broker's: a FakeClock makes time the test's to move
@@ -225,7 +226,7 @@ class BrokerHarness:
             limits=limits or Limits(),
             integrations=dict(integrations or {}),
             credentials={k: dict(v) for k, v in (credentials or {}).items()},
-            rescan_interval_s=2.0,
+            rescan_interval_s=rescan_interval_s,
             staged=staged if isinstance(staged, Staged) else Staged.parse(staged),
         )
         self.registry.check_config(self.config.integrations)

@@ -18,7 +18,7 @@ from broker.audit import verify as audit
 from broker.store.sqlite import Ledger
 from broker.testing import BrokerHarness, FakeHandler
 from effects.files import FilesWrite
-from tests.support import BROKER, Start
+from tests.support import BROKER, PATIENCE, Start, barrier
 from tests.support import assert_one_line_error as refused
 
 RECORD_REASON = "a person looks at every record first"
@@ -39,13 +39,19 @@ def gate(approvals: int = 1, timeout: str = "1h") -> str:
     )
 
 
+NO_RESCAN_S = 3600.0
+
+
 @pytest.fixture
 def start(start: Start, fake: FakeHandler, exports: Path) -> Start:
-    """Start a broker with test.record and files.write gated (gate() kwargs)."""
+    """Start a broker with test.record and files.write gated (gate() kwargs). It never
+    rescans the outbox on its own: what it does after a CLI decision, the CLI's nudge made
+    it do (so the tests wait as long as a loaded machine needs, and still show that)."""
     return lambda **terms: start(
         handlers=[fake, FakeHandler("test.auto")],
         policy=gate(**terms),
         integrations={"files": {"root": str(exports)}},
+        rescan_interval_s=NO_RESCAN_S,
     )
 
 
@@ -108,7 +114,7 @@ def test_approve_applies_while_the_broker_runs(start: Start, fake: FakeHandler) 
     out = ok(cli(h, "approve", pending["id"], "--reason", "checked the record"))
     user = getpass.getuser()
     assert f"approved by {user}" in out
-    result = h.wait(pending["id"], timeout=1.5)  # faster than the 2 s rescan: the nudge
+    result = h.wait(pending["id"], timeout=PATIENCE)  # no rescan: the nudge
     assert result["status"] == "applied"
     assert result["decided_by"] == user
     assert result["reason"] == f"approved by {user}: checked the record"
@@ -121,7 +127,7 @@ def test_deny_sends_the_reason_to_the_agent(start: Start, fake: FakeHandler) -> 
     pending = waiting(h)
     out = ok(cli(h, "deny", f"default/{pending['id']}", "--reason", "use the staging table"))
     assert "use the staging table" in out
-    result = h.wait(pending["id"], timeout=1.5)
+    result = h.wait(pending["id"], timeout=PATIENCE)
     assert result["status"] == "denied"
     assert result["decided_by"] == getpass.getuser()
     assert "use the staging table" in result["reason"]
@@ -150,7 +156,7 @@ def test_stale_or_short_sha256_is_refused(start: Start, fake: FakeHandler) -> No
     refused(cli(h, "approve", pending["id"], "--sha256", sha[:11]), pending["id"])
     assert state_of(h, pending["id"]) == "pending"
     ok(cli(h, "approve", pending["id"], "--sha256", sha[:12]))
-    assert h.wait(pending["id"], timeout=1.5)["status"] == "applied"
+    assert h.wait(pending["id"], timeout=PATIENCE)["status"] == "applied"
     assert len(fake.applied) == 1
 
 
@@ -172,7 +178,7 @@ def test_as_is_refused_unless_the_host_allows_it(start: Start) -> None:
     assert state_of(h, pending["id"]) == "pending"
     allow_as(h)
     ok(cli(h, "approve", pending["id"], "--as", "carol"))
-    assert h.wait(pending["id"], timeout=1.5)["decided_by"] == "carol"
+    assert h.wait(pending["id"], timeout=PATIENCE)["decided_by"] == "carol"
 
 
 def test_quorum_counts_people_not_commands(start: Start, fake: FakeHandler) -> None:
@@ -185,7 +191,7 @@ def test_quorum_counts_people_not_commands(start: Start, fake: FakeHandler) -> N
     assert state_of(h, pending["id"]) == "pending"
     assert fake.applied == []
     ok(cli(h, "approve", pending["id"], "--as", "bob"))
-    result = h.wait(pending["id"], timeout=1.5)
+    result = h.wait(pending["id"], timeout=PATIENCE)
     assert result["status"] == "applied"
     assert result["decided_by"] == "alice, bob"
 
@@ -220,11 +226,12 @@ def test_cli_decisions_keep_the_audit_chain_intact(start: Start) -> None:
     try:
         ok(cli(h, "approve", a["id"], "--reason", "fine"))
         ok(cli(h, "deny", b["id"], "--reason", "not this one"))
-        assert h.wait(a["id"], timeout=2)["status"] == "applied"
-        assert h.wait(b["id"], timeout=2)["status"] == "denied"
+        assert h.wait(a["id"], timeout=PATIENCE)["status"] == "applied"
+        assert h.wait(b["id"], timeout=PATIENCE)["status"] == "denied"
     finally:
         busy.set()
         worker.join(10)
+    barrier(h)  # the audit log is written after the results
     assert "chain intact" in ok(cli(h, "audit", "verify"))
     events = audit_events(h)
     seqs = [e["seq"] for e in events]

@@ -15,7 +15,7 @@ import pexpect
 from broker.audit import verify as audit
 from broker.cli.prompt import AGAIN, ASK_REASON, NEEDS_REASON, QUESTION
 from broker.testing import BrokerHarness, FakeHandler
-from tests.support import BROKER, Start, clean_env
+from tests.support import BROKER, Start, barrier, clean_env
 
 REASON = "a person looks at every record first"
 POLICY = (
@@ -122,6 +122,7 @@ def test_the_prompt_decides_skips_and_lets_go(start: Start, fake: FakeHandler, h
     assert fake.applied == [{"value": "one"}]
     for rid in (four, five):
         assert h.wait(rid, terminal=False)["status"] == "pending"
+    barrier(h)  # the audit log is written after the results
     events = [e for _, e, _ in audit.read_events(h.config.audit_path) if e is not None]
     decisions = [(e["id"], e["verdict"], e["surface"]) for e in events if e["event"] == "decision"]
     assert decisions == [

@@ -16,7 +16,7 @@ from broker import client
 from broker.audit import verify as audit
 from broker.errors import DecisionError, RequestNotFound
 from broker.testing import BrokerHarness, FakeClock, FakeHandler
-from tests.support import SETTLE_S
+from tests.support import PATIENCE, SETTLE_S, barrier
 
 POLICY = (
     '[[rules]]\neffect = "test.record"\naction = "approve"\ntimeout = "1h"\nreason = "look"\n'
@@ -123,11 +123,12 @@ def test_decide_sync_applies_like_the_cli(h: BrokerHarness, fake: FakeHandler) -
         rid, "approve", approver="chatbot:alice", reason="ok in chat", state_dir=h.state
     )
     assert info.status == "approved"
-    result = h.wait(rid, timeout=1.5)
+    result = h.wait(rid, timeout=PATIENCE)  # on a FakeClock, no rescan: the nudge
     assert result["status"] == "applied"
     assert result["decided_by"] == "chatbot:alice"
     assert result["reason"] == "approved by chatbot:alice: ok in chat"
     assert fake.applied == [{"value": "via api"}]
+    barrier(h)  # the audit log is written after the results
     found = [e for _, e, _ in audit.read_events(h.config.audit_path) if e is not None]
     [decision] = [e for e in found if e["event"] == "decision"]
     assert (decision["by"], decision["verdict"], decision["surface"]) == (

@@ -54,7 +54,7 @@ def test_a_waiting_request_is_denied_as_withdrawn(start: Start, fake: FakeHandle
     assert result["status"] == "denied"
     assert result["reason"] == "withdrawn by the agent: the call was cancelled"
     assert result["decided_by"] == "agent"
-    [denied] = events(h, "denied")
+    [denied] = eventually(lambda: events(h, "denied"))  # the audit log follows the result
     assert denied["by"] == "agent" and denied["withdrawn"] is True
     eventually(lambda: outbox_empty(h))
     assert fake.applied == []

@@ -135,8 +135,8 @@ class Prism:
 
     def wait(self, timeout: float = START_TIMEOUT_S) -> None:
         """Return once Prism answers HTTP (any status), or raise with its log's tail."""
-        end = self.started + timeout
-        while time.time() < end:
+        end = self.started + timeout  # from its launch: a worker may come to it late
+        while True:
             if not self.running():
                 raise RuntimeError(f"prism exited:\n{self.tail()}")
             try:
@@ -146,6 +146,8 @@ class Prism:
                 conn.close()
                 return
             except OSError:
+                if time.time() > end:
+                    break
                 time.sleep(0.1)
         raise RuntimeError(f"prism did not answer within {timeout:g}s:\n{self.tail()}")
 
