@@ -284,6 +284,8 @@ TARGETS = [
            at_most=False, base="broker bench.noop"),
     Target("fleet ×2: burst on PostgreSQL ≥ 0.5× SQLite's", "fleet ×2", "rate", 0.5,
            at_most=False, base="broker bench.noop"),
+    Target("fleet ×3: burst on PostgreSQL ≥ 0.5× SQLite's", "fleet ×3", "rate", 0.5,
+           at_most=False, base="broker bench.noop"),
     Target("broker bench.noop: server CPU ≤ 100 µs per request (burst)",
            "broker bench.noop", "burst_cpu_us", 100.0),
     Target("broker: peak RSS after its burst ≤ 80 MiB", "broker bench.noop", "VmHWM", 80.0,
