@@ -26,7 +26,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from broker.clock import REAL, Clock
+from broker.clock import REAL, Clock, iso, now
 from broker.errors import AuditError
 from broker.models import Record, canonical_json, sha256_hex
 
@@ -36,8 +36,6 @@ T = TypeVar("T")
 
 def event(kind: str, record: Record, at: str | None = None, **extra: Any) -> dict[str, Any]:
     """One audit event about `record`; None-valued extras are left out."""
-    from broker.models import iso, now
-
     entry: dict[str, Any] = {
         "at": at or iso(now()),
         "event": kind,
