@@ -60,13 +60,13 @@ def measure(args: argparse.Namespace, cells: cases.Cells, run: Run) -> None:
     try:
         lives.extend((label, start()) for label, start in _servers(cells, plan, want, pg))
         _say("servers up")
-        for r in range(plan.repeats):
+        for r in range(plan.repeats if lives else 0):
             with run.round("sequential"):
                 for label, live in lives[:: -1 if r % 2 else 1]:
                     probe = run.probe(window=False)
                     run.add(label, {**live.exercise(plan.seq_n, 0), "probe": probe})
             _say(f"sequential {r + 1}/{plan.repeats} done")
-        for r in range(plan.burst_repeats):
+        for r in range(plan.burst_repeats if any(live.bursts for _, live in lives) else 0):
             with run.round("burst"):
                 for label, live in lives[:: -1 if r % 2 else 1]:
                     if live.bursts:
