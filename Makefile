@@ -66,7 +66,7 @@ test: lint docker tools postgres
 	@$(MAKE) --no-print-directory -j2 typecheck pytest
 
 # The benchmark against the raw inotify round trip (not part of `make test`; < 10 min).
-# BENCH_ARGS=--quick for a ~1-minute run; see docs/performance.md.
+# BENCH_ARGS=--quick for a < 2-minute run; rounds judged quiet or noisy: docs/performance.md.
 bench: $(STAMP) docker postgres
 	$(BIN)/python -m bench $(BENCH_ARGS)
 

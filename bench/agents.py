@@ -78,6 +78,18 @@ def executors(blocks: int, starts: int = 3) -> dict[str, Any]:
     }
 
 
+def ratios(found: dict[str, Any]) -> dict[str, float]:
+    """Ours against AutoGen's: the median block, the median start-up."""
+    import statistics
+
+    return {
+        "block_ratio": statistics.median(found["ours_block_s"])
+        / statistics.median(found["autogen_block_s"]),
+        "start_ratio": statistics.median(found["ours_start_s"])
+        / statistics.median(found["autogen_start_s"]),
+    }
+
+
 def mcp_calls(cells: Path, calls: int) -> list[float]:
     """Seconds per tools/call of bench.noop, one JSON-RPC line at a time."""
     from broker.testing import BrokerHarness

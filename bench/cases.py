@@ -27,11 +27,10 @@ BUDGET = {"seq_s": 6.0, "burst_s": 15.0}
 class Plan:
     """How much of everything: `--quick` shrinks it."""
 
-    repeats: int = 3  # runs of each sequential cell; the table shows their median
+    repeats: int = 3  # sequential rounds; the table shows the median of the quiet ones
     burst_repeats: int = 2
     seq_n: int = 1000
     burst_n: int = 10_000
-    many_seq_n: int = 500
     sandbox_repeats: int = 2
     sandbox_seq_n: int = 300
     sandbox_burst_n: int = 2000
@@ -39,16 +38,17 @@ class Plan:
     start_repeats: int = 5
     peer_seq_n: int = 10
     peer_burst_n: int = 1000
-    outbox_counts: tuple[int, ...] = (1, 100, 1000)
-    idle_counts: tuple[int, ...] = (0, 100, 1000)
+    outbox_counts: tuple[int, ...] = (1, 100, 1000, 5000)
+    burst_outboxes_max: int = 1000  # more outboxes than this: latency rows only
+    idle_counts: tuple[int, ...] = (0, 100, 1000, 5000)
+    fleet_sizes: tuple[int, ...] = (1, 2, 3)  # brokers sharing one PostgreSQL
 
 
 QUICK = Plan(
-    repeats=2,
-    burst_repeats=1,
-    seq_n=200,
+    repeats=3,
+    burst_repeats=2,
+    seq_n=150,
     burst_n=1000,
-    many_seq_n=100,
     sandbox_repeats=1,
     sandbox_seq_n=100,
     sandbox_burst_n=300,
@@ -56,6 +56,9 @@ QUICK = Plan(
     start_repeats=2,
     peer_seq_n=4,
     peer_burst_n=300,
+    outbox_counts=(1, 100, 1000),
+    idle_counts=(0, 100, 1000),
+    fleet_sizes=(1, 2),
 )
 
 
@@ -88,40 +91,78 @@ def _seq_figures(latencies: list[float]) -> dict[str, float]:
 
 
 def _exercise(
-    boxes: list[tuple[str, str]],
-    effect: str,
-    cell: Path,
-    seq_n: int,
-    burst_n: int,
-    server: procs.Server | None = None,
-    warm: int = 30,
+    live: Live, seq_n: int, burst_n: int, warm: int, tag: str, staging: Path
 ) -> dict[str, Any]:
-    doc = _doc(effect)
+    """`tag` makes this exercise's request ids its own (a server is measured again)."""
+    boxes, server, doc = live.boxes, live, _doc(live.effect)
     out: dict[str, Any] = {}
     if warm:
-        writer.sequential(boxes, warm, doc, "w")
-    cpu = server.cpu_seconds if server is not None else (lambda: float("nan"))
+        writer.sequential(boxes, warm, doc, f"{tag}w")
+    cpu = server.cpu_seconds
     if seq_n:
         before = cpu()
-        latencies = writer.sequential(boxes, seq_n, doc, "s", budget=BUDGET["seq_s"])
+        latencies = writer.sequential(boxes, seq_n, doc, f"{tag}s", budget=BUDGET["seq_s"])
         out.update(_seq_figures(latencies))
         out["seq_cpu_us"] = (cpu() - before) / len(latencies) * 1e6
     if burst_n:
         before = cpu()
         out["burst"] = writer.burst(
-            boxes, burst_n, doc, "b", str(cell / "staging"), timeout=BUDGET["burst_s"]
+            boxes, burst_n, doc, f"{tag}b", str(staging), timeout=BUDGET["burst_s"]
         )
         out["rate"] = out["burst"]["rate"]
         # CPU the server spent per answered request (a capped run counts what it answered)
         out["burst_cpu_us"] = (cpu() - before) / max(1, out["burst"]["done"]) * 1e6
-    if server is not None:
-        out.update(server.memory())
+    out.update(server.memory())
     return out
 
 
-def raw(
-    cells: Cells, seq_n: int, burst_n: int, *, fsync: bool = False, floor: str = ""
-) -> dict[str, Any]:
+class Live:
+    """Servers up in their cell, measured again and again: the sequential rounds of a
+    run interleave over the same servers (each warmed up once)."""
+
+    def __init__(
+        self,
+        boxes: list[tuple[str, str]],
+        effect: str,
+        cell: Path,
+        servers: list[procs.Server],
+        warm: int = 30,
+        bursts: bool = True,
+    ) -> None:
+        self.boxes, self.effect, self.cell = boxes, effect, cell
+        self.bursts = bursts  # whether the plan measures bursts on it too
+        self.servers = servers
+        self.warm = warm
+        self.times = 0
+
+    def cpu_seconds(self) -> float:
+        """CPU of every server, summed."""
+        return sum(s.cpu_seconds() for s in self.servers)
+
+    def memory(self) -> dict[str, float]:
+        """VmRSS and VmHWM of the largest server."""
+        found = [s.memory() for s in self.servers]
+        return {k: max(m.get(k, 0.0) for m in found) for k in ("VmRSS", "VmHWM")}
+
+    def exercise(self, seq_n: int, burst_n: int) -> dict[str, Any]:
+        self.times += 1  # each time its own request ids and staging dir
+        tag = f"t{self.times}"
+        out = _exercise(self, seq_n, burst_n, self.warm, tag, self.cell / f"staging-{tag}")
+        self.warm = 0
+        return out
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+    def __enter__(self) -> Live:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def start_raw(cells: Cells, *, fsync: bool = False, floor: str = "") -> Live:
     """The raw loop; `floor` = "journal" adds the ledger's least durability (one
     fdatasync'ed append per request), "files.write" that plus the effect's own work."""
     cell = cells.new(f"raw-{floor}" if floor else "raw-fsync" if fsync else "raw")
@@ -134,8 +175,15 @@ def raw(
         write.mkdir()
     effect = "files.write" if floor == "files.write" else "bench.noop"
     log = cell / "server.log"
-    with procs.raw(outbox, results, log, fsync=fsync, journal=journal, write=write) as server:
-        return _exercise([(str(outbox), str(results))], effect, cell, seq_n, burst_n, server)
+    server = procs.raw(outbox, results, log, fsync=fsync, journal=journal, write=write)
+    return Live([(str(outbox), str(results))], effect, cell, [server])
+
+
+def raw(
+    cells: Cells, seq_n: int, burst_n: int, *, fsync: bool = False, floor: str = ""
+) -> dict[str, Any]:
+    with start_raw(cells, fsync=fsync, floor=floor) as live:
+        return live.exercise(seq_n, burst_n)
 
 
 def _layout(cell: Path, boxes: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:
@@ -162,6 +210,17 @@ def _layout(cell: Path, boxes: int) -> tuple[dict[str, Any], list[tuple[str, str
     return spec, pairs
 
 
+def start_broker(
+    cells: Cells, effect: str, boxes: int, cprofile: Path | None = None, *, bursts: bool = True
+) -> Live:
+    cell = cells.new(f"broker-{effect}-{boxes}")
+    spec, pairs = _layout(cell, boxes)
+    if cprofile is not None:
+        spec["cprofile"] = str(cprofile)
+    server = procs.broker(spec, cell / "server.log", timeout=60.0 + boxes / 50)
+    return Live(pairs, effect, cell, [server], bursts=bursts)
+
+
 def broker(
     cells: Cells,
     effect: str,
@@ -172,33 +231,13 @@ def broker(
     around: Callable[[procs.Server, Callable[[], dict[str, Any]]], dict[str, Any]] | None = None,
     cprofile: Path | None = None,
 ) -> dict[str, Any]:
-    cell = cells.new(f"broker-{effect}-{boxes}")
-    spec, pairs = _layout(cell, boxes)
-    if cprofile is not None:
-        spec["cprofile"] = str(cprofile)
-    with procs.broker(spec, cell / "server.log") as server:
+    with start_broker(cells, effect, boxes, cprofile) as live:
         if around is None:
-            return _exercise(pairs, effect, cell, seq_n, burst_n, server)
-        return around(server, lambda: _exercise(pairs, effect, cell, seq_n, burst_n, server))
+            return live.exercise(seq_n, burst_n)
+        return around(live.servers[0], lambda: live.exercise(seq_n, burst_n))
 
 
-class _Pair:
-    """Two servers measured as one: CPU summed, memory of the larger."""
-
-    def __init__(self, servers: list[procs.Server]) -> None:
-        self.servers = servers
-
-    def cpu_seconds(self) -> float:
-        return sum(s.cpu_seconds() for s in self.servers)
-
-    def memory(self) -> dict[str, float]:
-        found = [s.memory() for s in self.servers]
-        return {k: max(m.get(k, 0.0) for m in found) for k in ("VmRSS", "VmHWM")}
-
-
-def fleet(
-    cells: Cells, brokers: int, seq_n: int, burst_n: int, new_database: Callable[[], str]
-) -> dict[str, Any]:
+def start_fleet(cells: Cells, brokers: int, new_database: Callable[[], str]) -> Live:
     """`brokers` brokers (hosts b0, b1, …) sharing one new PostgreSQL database, each with
     one attach-mode outbox; the writer spreads requests over them round-robin."""
     cell = cells.new(f"fleet-{brokers}")
@@ -211,21 +250,32 @@ def fleet(
             spec.update(ledger=url, host_id=f"b{n}")
             servers.append(procs.broker(spec, cell / f"b{n}" / "server.log"))
             pairs.extend(boxes)
-        return _exercise(pairs, "bench.noop", cell, seq_n, burst_n, _Pair(servers))
-    finally:
+    except BaseException:
         for server in servers:
             server.stop()
+        raise
+    return Live(pairs, "bench.noop", cell, servers)
 
 
-def peer(cells: Cells, kind: str, seq_n: int, burst_n: int) -> dict[str, Any]:
+def fleet(
+    cells: Cells, brokers: int, seq_n: int, burst_n: int, new_database: Callable[[], str]
+) -> dict[str, Any]:
+    with start_fleet(cells, brokers, new_database) as live:
+        return live.exercise(seq_n, burst_n)
+
+
+def start_peer(cells: Cells, kind: str) -> Live:
     cell = cells.new(kind)
     outbox, results = cell / "outbox", cell / "results"
     outbox.mkdir()
     results.mkdir()
-    with procs.peer(kind, outbox, results, cell / "server.log") as server:
-        return _exercise(
-            [(str(outbox), str(results))], "bench.noop", cell, seq_n, burst_n, server, warm=2
-        )
+    server = procs.peer(kind, outbox, results, cell / "server.log")
+    return Live([(str(outbox), str(results))], "bench.noop", cell, [server], warm=2)
+
+
+def peer(cells: Cells, kind: str, seq_n: int, burst_n: int) -> dict[str, Any]:
+    with start_peer(cells, kind) as live:
+        return live.exercise(seq_n, burst_n)
 
 
 def idle(cells: Cells, counts: tuple[int, ...], window: float) -> dict[int, dict[str, float]]:
@@ -335,29 +385,40 @@ def _container_report(ws: Path) -> dict[str, Any]:
     return out
 
 
-def start_times(cells: Cells, repeats: int) -> dict[str, list[float]]:
-    """`broker run -- true` end to end against a bare `docker run --rm`."""
-    cell = cells.new("start")
-    state = cell / "state"
-    state.mkdir()
-    config = cell / "broker.toml"
-    config.write_text(f'[broker]\nstate_dir = "{state}"\n')
-    broker_cli = str(Path(sys.executable).parent / "broker")
-    bare = ["docker", "run", "--rm", "--network", "none", IMAGE, "true"]
-    ours = [broker_cli, "run", "--config", str(config), "--", "true"]
-    times: dict[str, list[float]] = {"docker": [], "broker": [], "thin": []}
-    subprocess.run(bare, check=True, capture_output=True)  # warm the engine's caches
-    subprocess.run(ours, check=True, capture_output=True)  # and the broker's (its facts)
-    for _ in range(repeats):
-        for key, argv in (("docker", bare), ("broker", ours)):
-            times[key].append(_timed(argv))
-    # beside a broker that serves the state dir: `run` hands its sandbox over
-    (cell / "exports").mkdir()
-    spec = {"state": str(state), "exports": str(cell / "exports")}
-    with procs.broker(spec, cell / "serve.log"):
-        for _ in range(repeats):
-            times["thin"].append(_timed(ours))
-    return times
+class Starts:
+    """`broker run -- true` end to end against a bare `docker run --rm`, cold and beside
+    a broker serving the state dir (`run` then hands its sandbox over), one of each per
+    `once` so that a round holds all three."""
+
+    def __init__(self, cells: Cells) -> None:
+        cell = cells.new("start")
+        self.state = cell / "state"
+        self.state.mkdir()
+        (cell / "exports").mkdir()
+        self.cell = cell
+        config = cell / "broker.toml"
+        config.write_text(f'[broker]\nstate_dir = "{self.state}"\n')
+        broker_cli = str(Path(sys.executable).parent / "broker")
+        self.bare = ["docker", "run", "--rm", "--network", "none", IMAGE, "true"]
+        self.ours = [broker_cli, "run", "--config", str(config), "--", "true"]
+
+    def __enter__(self) -> Starts:
+        subprocess.run(self.bare, check=True, capture_output=True)  # warm the engine's caches
+        subprocess.run(self.ours, check=True, capture_output=True)  # and the broker's facts
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def once(self, reverse: bool = False) -> dict[str, float]:
+        out: dict[str, float] = {}
+        pair = [("docker_s", self.bare), ("broker_s", self.ours)]
+        for key, argv in pair[:: -1 if reverse else 1]:
+            out[key] = _timed(argv)
+        spec = {"state": str(self.state), "exports": str(self.cell / "exports")}
+        with procs.broker(spec, self.cell / "serve.log"):
+            out["thin_s"] = _timed(self.ours)
+        return out
 
 
 def _timed(argv: list[str]) -> float:

@@ -298,15 +298,6 @@ def _line(name: str, sample: dict[str, Any]) -> str:
     )
 
 
-def check_targets(run: Any, check: Callable[[str, float, float, bool], None]) -> None:
-    """Hook for bench/__main__.py's targets: minted ≤ 1.5× static, per pair."""
-    for key in (k for k in run.samples if k.startswith("credentials ")):
-        for sample in run.samples[key]:
-            if "why" not in sample:
-                r = _row(sample)["ratio_p50"]
-                check(f"{key}: minted apply p50 ≤ {TARGET}× static", r, TARGET, r <= TARGET)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.credentials")
     parser.add_argument("--quick", action="store_true")

@@ -1,21 +1,60 @@
-"""How fast this file system creates files right now, recorded with every run.
+"""How quiet the machine is right now, recorded around every round of a run.
 
 On this machine, creating files becomes many times slower for a while after many
-files were deleted (and in some freshly made directories); every figure of a run is
-only comparable with another run's when their probes are alike.
+files were deleted (and in some freshly made directories), fsync moves between
+100 µs and 4 ms with the neighbours' writes, and other sessions share the two cores:
+every figure of a run is only comparable with another's when their probes are alike,
+and bench.quiet keeps only the rounds whose probes say the machine was quiet.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from bench.stats import percentile
 
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+WINDOW_S = 0.3  # the probe's CPU window: long enough for 30 ticks a core
 
-def probe(parent: Path, n: int = 200) -> dict[str, float]:
-    """µs per create of n small files in a new dir under `parent`; µs per small fsync."""
+
+def cpu_counters() -> dict[str, float]:
+    """The machine's CPU seconds so far (/proc/stat's first line): non-idle, steal, all."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    busy = user + nice + system + irq + softirq
+    return {
+        "busy_s": busy / CLK_TCK,
+        "steal_s": steal / CLK_TCK,
+        "all_s": (busy + idle + iowait + steal) / CLK_TCK,
+    }
+
+
+def own_cpu(pids: Iterable[int] = ()) -> float:
+    """CPU seconds of this process, its reaped children, and `pids` (running servers
+    that are the bench's own, such as its PostgreSQL, with their reaped children)."""
+    t = os.times()
+    total = t.user + t.system + t.children_user + t.children_system
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(v) for v in stat[11:15]) / CLK_TCK  # utime stime cutime cstime
+    return total
+
+
+def probe(
+    parent: Path, n: int = 200, own: Iterable[int] = (), *, window: bool = True
+) -> dict[str, float]:
+    """µs per create of n small files in a new dir under `parent`; µs per small fsync;
+    the CPU others used (in cores) and the steal share over a short window around
+    both (`window`: made at least WINDOW_S long); and the counters bench.quiet compares
+    between two probes."""
+    own = list(own)
+    start_wall, start_cpu, start_own = time.monotonic(), cpu_counters(), own_cpu(own)
     parent.mkdir(parents=True, exist_ok=True)
     folder = parent / f"probe-{time.monotonic_ns()}"
     folder.mkdir()
@@ -37,9 +76,21 @@ def probe(parent: Path, n: int = 200) -> dict[str, float]:
             synced.append(time.perf_counter() - start)
     finally:
         os.close(fd)
+    if window:
+        time.sleep(max(0.0, start_wall + WINDOW_S - time.monotonic()))
+    wall, cpu, mine = time.monotonic(), cpu_counters(), own_cpu(own)
+    elapsed = wall - start_wall
+    others = max(0.0, (cpu["busy_s"] - start_cpu["busy_s"]) - (mine - start_own)) / elapsed
+    spent = cpu["all_s"] - start_cpu["all_s"]
     return {
         "loadavg_1m": os.getloadavg()[0],
         "create_p50_us": percentile(took, 50) * 1e6,
         "create_p99_us": percentile(took, 99) * 1e6,
         "fsync_p50_us": percentile(synced, 50) * 1e6,
+        "others_cores": others,
+        "steal_share": (cpu["steal_s"] - start_cpu["steal_s"]) / spent if spent > 0 else 0.0,
+        "wall_s": wall,
+        "busy_s": cpu["busy_s"],
+        "steal_s": cpu["steal_s"],
+        "own_s": mine,
     }

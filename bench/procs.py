@@ -72,8 +72,9 @@ class Server:
         self.stop()
 
 
-def broker(spec: dict[str, Any], log: Path) -> Server:
-    return Server([sys.executable, "-m", "bench.server", json.dumps(spec)], log=log)
+def broker(spec: dict[str, Any], log: Path, timeout: float = 60.0) -> Server:
+    argv = [sys.executable, "-m", "bench.server", json.dumps(spec)]
+    return Server(argv, log=log, timeout=timeout)
 
 
 def raw(

@@ -26,7 +26,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from broker.clock import REAL, Clock
+from broker.clock import REAL, Clock, iso, now
 from broker.errors import AuditError
 from broker.models import Record, canonical_json, sha256_hex
 
@@ -36,8 +36,6 @@ T = TypeVar("T")
 
 def event(kind: str, record: Record, at: str | None = None, **extra: Any) -> dict[str, Any]:
     """One audit event about `record`; None-valued extras are left out."""
-    from broker.clock import iso, now
-
     entry: dict[str, Any] = {
         "at": at or iso(now()),
         "event": kind,
@@ -139,11 +137,26 @@ class AuditLog:
         self.key = key
         path.parent.mkdir(parents=True, exist_ok=True)
         self._lock_path = path.with_name(path.name + ".lock")
+        self._left: tuple[int, int, int] | None = None  # the file as our last append left it
         with self._locked():
             self.last_seq, self.head = self._recover_tail()
 
     def _locked(self) -> _Flock:
         return _Flock(self._lock_path)
+
+    def _head(self) -> tuple[int, str]:
+        """The chain's head, under the lock: read again from the file unless it is as our
+        last append left it (same inode, size and mtime: nobody appended, truncated or
+        replaced it since), which spares a serving broker an open and a read per commit."""
+        if self._left is not None:
+            try:
+                st = os.stat(self.path)
+            except FileNotFoundError:
+                st = None
+            if st is not None and (st.st_ino, st.st_size, st.st_mtime_ns) == self._left:
+                return self.last_seq, self.head
+        self._left = None
+        return self._recover_tail()
 
     def _recover_tail(self) -> tuple[int, str]:
         """Drop a torn last line (a crash mid-write), then read the chain's head."""
@@ -183,7 +196,7 @@ class AuditLog:
         fsyncs later (`sync()`), and keeps the events queued in the ledger until then.
         """
         with self._locked():
-            self.last_seq, self.head = self._recover_tail()
+            self.last_seq, self.head = self._head()
             return self._append(events, sync)
 
     def sync(self) -> None:
@@ -209,7 +222,7 @@ class AuditLog:
     def append_lines(self, lines: Iterable[tuple[int, str]], *, sync: bool = False) -> int:
         """Copy lines chained elsewhere (a shared store's chain), skipping those held."""
         with self._locked():
-            self.last_seq, self.head = self._recover_tail()
+            self.last_seq, self.head = self._head()
             fresh = [(seq, line) for seq, line in lines if seq > self.last_seq]
             if not fresh:
                 return self.last_seq
@@ -227,9 +240,12 @@ class AuditLog:
                     written += os.write(fd, data[written:])
                 if sync:
                     os.fsync(fd)
+                st = os.fstat(fd)
+                self._left = (st.st_ino, st.st_size, st.st_mtime_ns)
             finally:
                 os.close(fd)
         except OSError as exc:
+            self._left = None
             raise AuditError(f"{self.path}: cannot append: {exc.strerror}") from exc
         self.head, self.last_seq = head, last
         return last

@@ -28,6 +28,11 @@ def _no_constant(name: str) -> Any:
     raise _reject("non_finite_number", f"{name} is not a JSON number")
 
 
+# what json.loads(text, object_pairs_hook=..., parse_constant=...) builds per call,
+# built once: the decoder keeps nothing between calls but a cache of key strings
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+
+
 def parse_json(data: bytes, max_depth: int) -> Any:
     """Strict JSON: UTF-8, unique keys, finite numbers, valid strings, bounded depth."""
     try:
@@ -37,7 +42,7 @@ def parse_json(data: bytes, max_depth: int) -> Any:
     if text.startswith("\ufeff"):
         raise _reject("bad_json", "the file starts with a byte order mark")
     try:
-        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        value = _DECODER.decode(text)
     except RecursionError as exc:
         raise _reject("too_deep", f"nesting deeper than {max_depth} levels") from exc
     except json.JSONDecodeError as exc:

@@ -65,6 +65,7 @@ POSTGRES = Dialect(
 
 
 @functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=512)  # a few dozen statements, run several times a request
 def _render(dialect: Dialect, template: str, lock: bool) -> str:
     assert "%" not in template  # psycopg would read it as a placeholder
     return template.replace("?", dialect.param).format(
@@ -106,12 +107,21 @@ MARK_SYNCED = "UPDATE requests SET synced = {true} WHERE sandbox = ? AND id = ? 
 
 def insert(columns: Iterable[str]) -> str:
     """One request's row, its columns named."""
-    names = list(columns)
+    return _insert(tuple(columns))
+
+
+@functools.lru_cache(maxsize=64)  # the same columns for every row
+def _insert(names: tuple[str, ...]) -> str:
     return f"INSERT INTO requests ({', '.join(names)}) VALUES ({', '.join('?' for _ in names)})"
 
 
 def update(columns: Iterable[str]) -> str:
     """Some columns of one request; its result is unsynced (to be written again)."""
+    return _update(tuple(columns))
+
+
+@functools.lru_cache(maxsize=256)  # one set of columns per kind of transition
+def _update(columns: tuple[str, ...]) -> str:
     sets = "".join(f"{c} = ?, " for c in columns)
     return f"UPDATE requests SET {sets}synced = {{false}} WHERE sandbox = ? AND id = ?"
 
