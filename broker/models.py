@@ -52,8 +52,7 @@ TERMINAL: frozenset[State] = frozenset(
 STATUSES: frozenset[State] = TERMINAL | {"pending"}
 
 
-# what json.dumps(value, sort_keys=True, ...) builds per call, built once (it keeps no
-# state between calls): a request's path computes this form about nine times
+# built once, not per call as json.dumps does: a request's path takes this form ~9 times
 _CANONICAL = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
 )
@@ -344,10 +343,10 @@ class Record:
         return codec.loads(self.payload) if self.payload else {}
 
     def result(self, given: int | None = None) -> Result | None:
-        """The result file this row shows, or None while there is nothing to show.
-        `given`: approvals so far, shown while pending (version 2 requests)."""
+        """The result file this row shows (None: nothing yet); `given`: approvals so far."""
         if self.state not in TERMINAL and self.state != "pending":
             return None
+        needed = int((self.verdict or {}).get("approvals", 1))
         return Result(
             id=self.id,
             status=self.state,
@@ -364,15 +363,12 @@ class Record:
             on_timeout=self.on_timeout,
             replayed=self.replay_of is not None,
             version=self.version,
-            approvals=None
-            if given is None
-            else (given, int((self.verdict or {}).get("approvals", 1))),
+            approvals=None if given is None else (given, needed),
         )
 
     @property
     def version(self) -> int:
-        """The protocol version the request was written in: its canonical payload sorts
-        `version` last of its keys, so the payload ends with it."""
+        """The request's protocol version: its canonical payload ends with `version`."""
         return 2 if self.payload and self.payload.endswith(',"version":2}') else 1
 
     def evolve(self, **changes: Any) -> Record:
