@@ -1,4 +1,9 @@
-"""Fixtures for the sandbox tests: the in-sandbox client, a fake broker, a real engine."""
+"""Fixtures for the sandbox tests: the in-sandbox client, a fake broker, real runtimes.
+
+`sandbox_host` runs each sandbox property test on every runtime (RUNTIMES): Docker,
+Podman rootful, Podman rootless. A runtime that is absent skips its tests, saying
+why; under CI an absent Docker or Podman fails them.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +24,10 @@ import pytest
 
 from broker.errors import SandboxError
 from broker.hosting import images, sandbox
+from broker.hosting.runtimes.base import Runtime
+from broker.hosting.runtimes.docker import DockerRuntime
+from broker.hosting.runtimes.podman import Podman, PodmanRuntime
+from broker.hosting.runtimes.spec import sandbox_spec
 
 CLIENT = Path(__file__).resolve().parents[2] / "sandbox_images" / "client" / "outbox.py"
 
@@ -141,6 +150,64 @@ def agent_image(engine: docker.DockerClient) -> str:
     return images.ensure_image(engine)
 
 
+ROOTLESS_USER = os.environ.get("PODMAN_USER", "broker-rootless")
+"""The unprivileged user scripts/podman-up.sh makes for rootless Podman."""
+RUNTIMES = ["docker", "podman", "podman-rootless"]
+
+
+def _podman(user: str | None) -> PodmanRuntime:
+    """Podman as root, or as ``user``: skipped when absent, a failure under CI (rootful)."""
+    try:
+        return PodmanRuntime(Podman(user))
+    except (SandboxError, KeyError) as exc:
+        if os.environ.get("CI") and user is None:
+            pytest.fail(f"CI needs Podman (run scripts/podman-up.sh first): {exc}")
+        pytest.skip(f"no Podman{' for ' + user if user else ''} ({exc})")
+
+
+@pytest.fixture(scope="session")
+def podman_runtime() -> PodmanRuntime:
+    """Rootful Podman (this process is root)."""
+    return _podman(None)
+
+
+@pytest.fixture(scope="session", params=RUNTIMES)
+def runtime(request: pytest.FixtureRequest) -> Runtime:
+    """Each runtime in turn, with the agent image in its store."""
+    if request.param == "docker":
+        found: Runtime = DockerRuntime(request.getfixturevalue("engine"))
+    elif request.param == "podman":
+        found = request.getfixturevalue("podman_runtime")
+    else:
+        found = _podman(ROOTLESS_USER)
+        rootless_usable(found)
+    found.ensure_image(images.DEFAULT_IMAGE)
+    return found
+
+
+def rootless_usable(runtime: Runtime) -> None:
+    """Skip, saying exactly why, where rootless Podman cannot hold a sandbox here."""
+    assert isinstance(runtime, PodmanRuntime) and runtime.rootless
+    if runtime.cgroups != "v2":
+        pytest.skip(
+            f"rootless Podman on cgroup {runtime.cgroups}: it cannot apply the pids, memory "
+            "and cpu limits (Podman ignores them without a delegated cgroup v2 tree), so "
+            "the proof refuses every sandbox (see docs/podman.md)"
+        )
+
+
+def prepare(runtime: Runtime, state_dir: Path, sandbox_id: str) -> sandbox.SandboxPaths:
+    """The sandbox's dirs, owned as the runtime needs: a rootless Podman user (driven
+    from this root process) owns the whole tree, as it would running the broker itself."""
+    paths = sandbox.prepare_dirs(state_dir, sandbox_id, runtime.agent_uid())
+    user = getattr(getattr(runtime, "podman", None), "user", None)
+    if user is not None:
+        uid = runtime.agent_uid()
+        for path in (state_dir, state_dir / "sandboxes", paths.root, paths.results):
+            os.chown(path, uid, uid)
+    return paths
+
+
 @dataclass
 class Run:
     """What one sandbox run left behind."""
@@ -154,7 +221,7 @@ class Run:
 class SandboxHost:
     """The host side of one sandbox: its state dir and directories, and a way to run in it."""
 
-    engine: docker.DockerClient
+    runtime: Runtime
     image: str
     state_dir: Path
     paths: sandbox.SandboxPaths
@@ -169,7 +236,8 @@ class SandboxHost:
 
     def start(self, command: list[str], **kwargs: Any) -> Any:
         """Start ``command`` in this sandbox; removed at teardown."""
-        container = sandbox.start(self.engine, self.paths, self.image, command, **kwargs)
+        spec = sandbox_spec(self.paths, self.image, command, **kwargs)
+        container = self.runtime.start(spec)
         self.containers.append(container)
         return container
 
@@ -185,23 +253,21 @@ class SandboxHost:
 
 
 @pytest.fixture
-def sandbox_host(
-    engine: docker.DockerClient, agent_image: str, tmp_path: Path
-) -> Iterator[SandboxHost]:
-    """A fresh sandbox, beside host state that must stay out of its reach."""
+def sandbox_host(runtime: Runtime, tmp_path: Path) -> Iterator[SandboxHost]:
+    """A fresh sandbox on each runtime, beside host state that must stay out of its reach."""
     state_dir = tmp_path / "state"
     state_dir.mkdir(mode=0o700)
     token = uuid.uuid4().hex
     (state_dir / f"ledger-{token}.sqlite3").write_text(f"ledger {token}")
     (state_dir / f"audit-{token}.jsonl").write_text(f'{{"audit": "{token}"}}\n')
     host = SandboxHost(
-        engine,
-        agent_image,
+        runtime,
+        images.DEFAULT_IMAGE,
         state_dir,
-        sandbox.prepare_dirs(state_dir, f"t-{uuid.uuid4().hex[:12]}"),
+        prepare(runtime, state_dir, f"t-{uuid.uuid4().hex[:12]}"),
     )
     yield host
     for container in host.containers:
-        sandbox.remove(container)
+        runtime.remove(container)
     for broker in host.brokers:
         broker.join()
