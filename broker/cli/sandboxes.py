@@ -4,6 +4,7 @@ containers of a runtime (Docker, Podman): --runtime, else [sandbox] runtime, els
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
@@ -119,3 +120,20 @@ def sandbox_rm(
         return count
 
     out.print(f"removed {on_runtime(runtime, config, remove)} container(s)")
+
+
+@sandbox_app.command("prepare")
+def sandbox_prepare(
+    sandbox_id: Annotated[str, typer.Argument(help="the sandbox id")],
+    root: Annotated[
+        Path | None, typer.Option(help="the root `serve --root` serves (default: the state dir)")
+    ] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Make <root>/sandboxes/ID/{outbox,results} for a sandbox someone else starts (a
+    Kubernetes pod, a runtime of your own): the outbox uid 10001's, the results the broker's."""
+    from broker.hosting import sandbox
+
+    base = root if root is not None else config_only(config, None).state_dir
+    paths = guarded(lambda: sandbox.prepare_dirs(base, sandbox_id))
+    out.print(f"prepared {paths.root}: outbox {paths.outbox} (rw), results {paths.results} (ro)")
