@@ -18,7 +18,7 @@ from typing import Any
 
 from broker.hosting.runtimes.spec import DEFAULT_LIMITS, SANDBOX_UID, memory_bytes
 
-__all__ = ["Manifests", "manifests", "render", "sandbox_pod"]
+__all__ = ["Manifests", "dump", "manifests", "render", "sandbox_pod"]
 
 APP = "sandbox-broker"
 NAME_LABEL = "app.kubernetes.io/name"
@@ -253,6 +253,12 @@ HEADER = """\
 
 def render(objects: list[Obj], m: Manifests) -> str:
     """YAML documents, separated by ---, under a header saying what to do first."""
+    return HEADER.format(ns=m.namespace, root=m.root) + "---\n" + "---\n".join(map(dump, objects))
+
+
+def dump(obj: Obj) -> str:
+    """One object as YAML that Go's parsers (kubectl, podman kube play) read back:
+    multi-line strings as blocks, no anchors."""
     import yaml
 
     class Dumper(yaml.SafeDumper):
@@ -260,9 +266,8 @@ def render(objects: list[Obj], m: Manifests) -> str:
             return True  # plain objects: no &id001 anchors for kustomize to trip on
 
     def text(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
-        style = "|" if "\n" in data else None  # broker.toml as a block, as written
+        style = "|" if "\n" in data else None  # broker.toml, a script: as written
         return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
 
     Dumper.add_representer(str, text)
-    body = "---\n".join(yaml.dump(o, Dumper=Dumper, sort_keys=False) for o in objects)
-    return HEADER.format(ns=m.namespace, root=m.root) + "---\n" + body
+    return yaml.dump(obj, Dumper=Dumper, sort_keys=False)
