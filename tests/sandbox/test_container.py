@@ -234,6 +234,10 @@ print(json.dumps({
     run = sandbox_host.python(script, limits=limits)
 
     assert run.exit_code == 0, run.stderr
+    if getattr(sandbox_host.runtime, "waived", False):  # rootless Podman on cgroup v1
+        # what makes the broker refuse it (test_proof.py): the limits are not applied
+        assert json.loads(run.stdout) != {"pids": "64", "memory": str(128 * 1024 * 1024)}
+        return
     assert json.loads(run.stdout) == {"pids": "64", "memory": str(128 * 1024 * 1024)}
 
 

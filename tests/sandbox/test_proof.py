@@ -17,7 +17,7 @@ from broker.hosting.runtimes.docker import DockerRuntime
 from broker.hosting.runtimes.podman import Podman, PodmanRuntime
 from broker.hosting.runtimes.proof import Observed, prove
 from broker.hosting.runtimes.spec import SandboxSpec, sandbox_spec
-from tests.sandbox.conftest import ROOTLESS_USER, prepare
+from tests.sandbox.conftest import ROOTLESS_USER, prepare, state_base
 
 PATHS = sandbox.SandboxPaths("p1", Path("/s/p1"), Path("/s/p1/outbox"), Path("/s/p1/results"))
 SPEC = sandbox_spec(PATHS, "img", ["true"])
@@ -120,14 +120,15 @@ def test_a_runtime_whose_inspect_lacks_a_property_refuses_to_start(
 ) -> None:
     """On a real runtime whose inspect lacks one property, the sandbox is not started
     and the created container is removed."""
-    paths = prepare(runtime, tmp_path, f"forget-{uuid.uuid4().hex[:8]}")
-    spec = sandbox_spec(paths, images.DEFAULT_IMAGE, ["sh", "-c", "echo ran > /outbox/ran"])
     doctored = forgetful(runtime, Forgetful(section, key))
+    with state_base(runtime, tmp_path) as base:
+        paths = prepare(runtime, base, f"forget-{uuid.uuid4().hex[:8]}")
+        spec = sandbox_spec(paths, images.DEFAULT_IMAGE, ["sh", "-c", "echo ran > /outbox/ran"])
 
-    with pytest.raises(SandboxError, match=f"{said}: .* cannot prove it"):
-        doctored.start(spec)
+        with pytest.raises(SandboxError, match=f"{said}: .* cannot prove it"):
+            doctored.start(spec)
 
-    assert not (paths.outbox / "ran").exists()
+        assert not (paths.outbox / "ran").exists()
     mine = [c for c in runtime.leftovers() if c.labels.get(sandbox.LABEL) == paths.sandbox_id]
     assert mine == []
 
@@ -138,8 +139,9 @@ def _spec(tmp: Path, runtime: Runtime) -> SandboxSpec:
 
 
 def test_rootless_podman_on_cgroup_v1_refuses_for_want_of_limits(tmp_path: Path) -> None:
-    """Rootless Podman ignores limits on cgroup v1 (it prints so and runs without): the
-    proof refuses the sandbox, naming the limits, rather than run it unlimited."""
+    """Rootless Podman ignores limits on cgroup v1 (it prints so, and its inspect shows
+    them as 0): the proof refuses the sandbox, naming the limits, rather than run it
+    unlimited."""
     try:
         rootless = PodmanRuntime(Podman(ROOTLESS_USER))
     except (SandboxError, KeyError) as exc:
@@ -159,8 +161,9 @@ def test_rootless_podman_on_cgroup_v1_refuses_for_want_of_limits(tmp_path: Path)
         with pytest.raises(SandboxError) as caught:
             rootless.start(spec)
         said = str(caught.value)
-        assert "pids limit: podman rootless cannot prove it" in said
-        assert "memory limit: podman rootless cannot prove it" in said
+        assert "podman rootless did not prove its hardening" in said
+        assert "pids limit: pids limit is 0, not 256" in said
+        assert "memory limit: memory is 0, not 536870912" in said
         assert not [
             c for c in rootless.leftovers() if c.labels.get(sandbox.LABEL) == spec.sandbox_id
         ]

@@ -15,7 +15,6 @@ CONTAINERS_CONF, when not set, is the one scripts/podman-up.sh writes (see its h
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -163,11 +162,9 @@ class PodmanRuntime:
         return self.podman.inspect(container.id)
 
     def observe(self, container: PodmanContainer) -> Observed:
-        seen = observe(self.inspect(container))
-        if self.rootless and self.cgroups != "v2":
-            # rootless Podman cannot apply limits on cgroup v1: it says so and runs without
-            return dataclasses.replace(seen, pids=None, memory=None, nano_cpus=None)
-        return seen
+        # Rootless on cgroup v1 drops the limits ("Resource limits are not supported and
+        # ignored on cgroups V1 rootless systems") and its inspect shows 0: refused.
+        return observe(self.inspect(container))
 
     def remove(self, handle: Handle) -> None:
         try:
