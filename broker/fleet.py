@@ -8,6 +8,7 @@ import os
 import re
 import secrets
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 
 from broker.errors import ConfigError
@@ -15,6 +16,11 @@ from broker.errors import ConfigError
 HOST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 """A host id: no dot, so `HOST.SANDBOX` splits one way."""
 HOST_ID_FILE = "host_id"
+
+
+def host_id_from(section: Mapping[str, object]) -> str | None:
+    """[broker] host_id, or the one host_id_env names; None when neither is set."""
+    return host_id_setting(section.get("host_id"), env=section.get("host_id_env"))
 
 
 def host_id_setting(value: object, env: object = None) -> str | None:

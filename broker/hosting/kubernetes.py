@@ -149,11 +149,10 @@ def daemonset(m: Manifests) -> Obj:
     }
 
 
-def sandbox_pod(m: Manifests) -> Obj:
-    """One sandbox: its own outbox (rw) and results (ro) of the node's root, nothing else."""
-    box = f"{m.root}/sandboxes/{m.sandbox_id}"
+def _agent(m: Manifests) -> Obj:
+    """The sandbox's one container: the agent image, hardened, its two mounts and /tmp."""
     limits = DEFAULT_LIMITS
-    container = {
+    return {
         "name": "agent",
         "image": m.sandbox_image,
         "imagePullPolicy": "IfNotPresent",
@@ -177,6 +176,11 @@ def sandbox_pod(m: Manifests) -> Obj:
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
+
+
+def sandbox_pod(m: Manifests) -> Obj:
+    """One sandbox: its own outbox (rw) and results (ro) of the node's root, nothing else."""
+    box = f"{m.root}/sandboxes/{m.sandbox_id}"
     spec = {
         **_isolated_pod_spec(),
         "restartPolicy": "Never",
@@ -187,13 +191,13 @@ def sandbox_pod(m: Manifests) -> Obj:
             "runAsGroup": SANDBOX_UID,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [container],
+        "containers": [_agent(m)],
         "volumes": [
             {"name": "outbox", "hostPath": {"path": f"{box}/outbox", "type": "Directory"}},
             {"name": "results", "hostPath": {"path": f"{box}/results", "type": "Directory"}},
             {
                 "name": "tmp",
-                "emptyDir": {"medium": "Memory", "sizeLimit": _mebi(limits.tmpfs_size)},
+                "emptyDir": {"medium": "Memory", "sizeLimit": _mebi(DEFAULT_LIMITS.tmpfs_size)},
             },
         ],
     }
