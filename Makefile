@@ -68,7 +68,7 @@ tools:
 # Lint first (a second) and the installs one at a time (apt takes one lock), then mypy
 # beside pytest: most tests wait, so mypy's ~15 s of CPU fits in their idle time instead
 # of before them. mypy prints once, at its end; pytest shows its progress as it goes.
-test: lint docker tools postgres
+test: lint docker podman tools postgres
 	@$(MAKE) --no-print-directory -j2 typecheck pytest
 
 # The benchmark against the raw inotify round trip (not part of `make test`; < 10 min).
