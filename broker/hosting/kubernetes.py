@@ -13,6 +13,7 @@ Plain objects, printed as YAML documents: kustomize patches them as they are.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,7 +124,7 @@ def daemonset(m: Manifests) -> Obj:
             {"name": "root", "mountPath": m.root},
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "ledger", "mountPath": SECRET_DIR, "readOnly": True},
-            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "broker-tmp", "mountPath": "/tmp"},
         ],
     }
     spec = {
@@ -134,7 +135,7 @@ def daemonset(m: Manifests) -> Obj:
             {"name": "root", "hostPath": {"path": m.root, "type": "DirectoryOrCreate"}},
             {"name": "config", "configMap": {"name": "broker-config"}},
             {"name": "ledger", "secret": {"secretName": "broker-ledger", "defaultMode": 0o400}},
-            {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
+            {"name": "broker-tmp", "emptyDir": {"sizeLimit": "64Mi"}},
         ],
     }
     return {
@@ -147,6 +148,13 @@ def daemonset(m: Manifests) -> Obj:
             "template": {"metadata": {"labels": labels}, "spec": spec},
         },
     }
+
+
+def _tmp_volume(m: Manifests) -> str:
+    """The sandbox's /tmp volume, named for the sandbox: Kubernetes keeps an emptyDir to
+    its pod whatever its name, but `podman kube play` makes a named volume of it, which
+    pods using the same name would share."""
+    return re.sub(r"[^a-z0-9-]", "-", f"tmp-{m.sandbox_id}".lower())[:63].rstrip("-")
 
 
 def _agent(m: Manifests) -> Obj:
@@ -173,7 +181,7 @@ def _agent(m: Manifests) -> Obj:
         "volumeMounts": [
             {"name": "outbox", "mountPath": "/outbox"},
             {"name": "results", "mountPath": "/results", "readOnly": True},
-            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": _tmp_volume(m), "mountPath": "/tmp"},
         ],
     }
 
@@ -196,7 +204,7 @@ def sandbox_pod(m: Manifests) -> Obj:
             {"name": "outbox", "hostPath": {"path": f"{box}/outbox", "type": "Directory"}},
             {"name": "results", "hostPath": {"path": f"{box}/results", "type": "Directory"}},
             {
-                "name": "tmp",
+                "name": _tmp_volume(m),
                 "emptyDir": {"medium": "Memory", "sizeLimit": _mebi(DEFAULT_LIMITS.tmpfs_size)},
             },
         ],
