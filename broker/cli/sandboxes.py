@@ -26,12 +26,18 @@ RuntimeOpt = Annotated[
 T = TypeVar("T")
 
 
+def chosen_runtime(chosen: str | None, config: ConfigOpt) -> str:
+    """--runtime, else [sandbox] runtime of broker.toml, else docker."""
+    from broker.hosting.runner import runtime_name
+
+    return chosen or runtime_name(config_only(config, None))
+
+
 def on_runtime(chosen: str | None, config: ConfigOpt, fn: Callable[[Runtime], T]) -> T:
     """``fn`` on the runtime chosen; a failure is one line and exit 2."""
-    from broker.hosting.runner import runtime_name
     from broker.hosting.runtimes import open_runtime
 
-    name = chosen or runtime_name(config_only(config, None))
+    name = chosen_runtime(chosen, config)
 
     def call() -> T:
         runtime = open_runtime(name)
@@ -73,9 +79,7 @@ def sandbox_ls(
         print_json(rows)
         return
     if not rows and not tsv:
-        out.print(
-            f"no sandbox containers on this {'Podman' if runtime == 'podman' else 'Docker'} engine"
-        )
+        out.print(f"no sandbox containers on this {chosen_runtime(runtime, config).title()} engine")
         return
     show(
         [Column(k, lead=k == "sandbox") for k in COLUMNS],
