@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest soak docker tools postgres image bench clean demo-fleet
+.PHONY: demo test lint typecheck pytest soak docker podman tools postgres image bench clean demo-fleet
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,6 +18,12 @@ venv: $(STAMP)
 # elsewhere the Docker tests skip and say why.
 docker:
 	@bash scripts/docker-up.sh || [ -z "$$CI" ]
+
+# Podman, rootful and rootless (Debian's podman, catatonit, runc, uidmap; a containers.conf
+# that works here; an unprivileged user with subuids): scripts/podman-up.sh says why.
+# In CI a failure is fatal, elsewhere the Podman tests skip and say why.
+podman:
+	@bash scripts/podman-up.sh || [ -z "$$CI" ]
 
 image: $(STAMP) docker
 	$(BIN)/broker image build
@@ -37,13 +43,13 @@ typecheck: $(STAMP)
 # on one worker (loadfile). pytest caches its rewritten test modules as bytecode: with
 # PYTHONDONTWRITEBYTECODE set, every run and every worker would rewrite all of them.
 PYTEST_WORKERS ?= 4
-pytest: $(STAMP) docker tools postgres
+pytest: $(STAMP) docker podman tools postgres
 	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -n $(PYTEST_WORKERS) \
 		--dist loadfile $(PYTEST_ARGS)
 
 # The soak and flood variants (marked soak), at their long sizes (BROKER_SOAK=1): a
 # burst of 100,000 requests, latency beside a flooding sandbox. Not part of `make test`.
-soak: $(STAMP) docker tools postgres
+soak: $(STAMP) docker podman tools postgres
 	env -u PYTHONDONTWRITEBYTECODE BROKER_SOAK=1 $(BIN)/python -m pytest -m soak -n 2 $(PYTEST_ARGS)
 
 # PostgreSQL's server binaries (Debian's postgresql when absent, as root); nothing is
@@ -62,7 +68,7 @@ tools:
 # Lint first (a second) and the installs one at a time (apt takes one lock), then mypy
 # beside pytest: most tests wait, so mypy's ~15 s of CPU fits in their idle time instead
 # of before them. mypy prints once, at its end; pytest shows its progress as it goes.
-test: lint docker tools postgres
+test: lint docker podman tools postgres
 	@$(MAKE) --no-print-directory -j2 typecheck pytest
 
 # The benchmark against the raw inotify round trip (not part of `make test`; < 10 min).

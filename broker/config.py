@@ -37,6 +37,7 @@ BROKER_KEYS = {
     "ledger_password_env",
     "ledger_password_file",
     "host_id",
+    "host_id_env",
     "staged",
     "log_format",
 }
@@ -298,7 +299,7 @@ def load_config(
         source=path,
         ledger_url=ledger_url(section),
         ledger_refs={k: v for k, v in section.items() if k.startswith("ledger_password")},
-        host_id_setting=fleet.host_id_setting(section.get("host_id")),
+        host_id_setting=fleet.host_id_from(section),
         staged=Staged.parse(section.get("staged", False)),
         log_format=_log_format(section.get("log_format", "text")),
     )

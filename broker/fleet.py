@@ -8,6 +8,7 @@ import os
 import re
 import secrets
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 
 from broker.errors import ConfigError
@@ -17,8 +18,18 @@ HOST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 HOST_ID_FILE = "host_id"
 
 
-def host_id_setting(value: object) -> str | None:
-    """[broker] host_id, checked; None when it is not set."""
+def host_id_from(section: Mapping[str, object]) -> str | None:
+    """[broker] host_id, or the one host_id_env names; None when neither is set."""
+    return host_id_setting(section.get("host_id"), env=section.get("host_id_env"))
+
+
+def host_id_setting(value: object, env: object = None) -> str | None:
+    """[broker] host_id, checked; else the one named by host_id_env (a Kubernetes node
+    name from the downward API: its dots become '-'); None when neither is set."""
+    if value is None and env is not None:
+        if not isinstance(env, str) or not os.environ.get(env):
+            raise ConfigError(f"broker.host_id_env: ${env} is not set")
+        value = os.environ[env].replace(".", "-")
     if value is None:
         return None
     if not isinstance(value, str) or not HOST_ID.fullmatch(value):

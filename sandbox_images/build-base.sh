@@ -5,17 +5,19 @@
 #   bash sandbox_images/build-base.sh [TAG]      (default TAG: broker-base:bookworm)
 #
 # Uses debootstrap (minbase) against the Debian mirror this machine's apt already
-# uses, then `docker import`. Reuses TAG when it exists unless FORCE=1.
-# Env: SUITE (default bookworm), MIRROR (default: from /etc/apt/sources.list*).
+# uses, then `$ENGINE import` (ENGINE: docker, the default, or podman). Reuses TAG when
+# it exists unless FORCE=1.
+# Env: SUITE (default bookworm), MIRROR (default: from /etc/apt/sources.list*), ENGINE.
 set -euo pipefail
 
 tag=${1:-broker-base:bookworm}
 suite=${SUITE:-bookworm}
+engine=${ENGINE:-docker}
 
 say() { echo "build-base: $*" >&2; }
 die() { say "error: $*"; exit 1; }
 
-if [ "${FORCE:-0}" != 1 ] && docker image inspect "$tag" >/dev/null 2>&1; then
+if [ "${FORCE:-0}" != 1 ] && "$engine" image inspect "$tag" >/dev/null 2>&1; then
     say "$tag exists; reusing it (FORCE=1 rebuilds)"
     exit 0
 fi
@@ -45,6 +47,9 @@ mirror=${MIRROR:-$(configured_mirror | grep -E '/debian/?$' | head -n 1 || true)
 
 root=$(mktemp -d /tmp/broker-base.XXXXXX)
 trap 'rm -rf "$root"' EXIT
+# mktemp's 0700 would become the image's "/": a rootless Podman store (vfs) keeps it,
+# and then no uid but the container's root can even find /bin/sh.
+chmod 0755 "$root"
 
 say "debootstrap $suite from $mirror"
 start=$SECONDS
@@ -59,7 +64,7 @@ rm -rf "${root:?}"/var/cache/apt/archives/*.deb "${root:?}"/var/lib/apt/lists/* 
     "${root:?}"/dev/* "${root:?}"/proc/* "${root:?}"/sys/*
 
 tar -C "$root" --numeric-owner -c . \
-    | docker import \
+    | "$engine" import \
         --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
         --change 'ENV LANG=C.UTF-8' \
         --change 'CMD ["python3"]' \

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from broker.cli import audit, decide, effects, ledger, policy, sandboxes, serve, stats
+from broker.cli import audit, decide, effects, k8s, ledger, policy, sandboxes, serve, stats
 from broker.cli.common import err, out
 from broker.web.cli import app as web_app  # light: no fastapi/uvicorn import
 
@@ -59,6 +59,7 @@ app.add_typer(effects.app, name="effects")
 app.add_typer(policy.app, name="policy")
 app.add_typer(sandboxes.image_app, name="image")
 app.add_typer(sandboxes.sandbox_app, name="sandbox")
+app.add_typer(k8s.app, name="k8s")
 app.add_typer(web_app, name="web")
 app.add_typer(audit.app, name="audit")
 app.add_typer(ledger.app, name="ledger")

@@ -148,6 +148,9 @@ def run(
     name: Annotated[str | None, typer.Option(help="the sandbox id (default: random)")] = None,
     workspace: WorkspaceOpt = None,
     detach: Annotated[bool, typer.Option(help="start and leave it to `broker serve`")] = False,
+    runtime: Annotated[
+        str | None, typer.Option(help="docker or podman (default: [sandbox] runtime, else docker)")
+    ] = None,
     config: ConfigOpt = None,
     state: StateOpt = None,
     policy: PolicyOpt = None,
@@ -173,6 +176,7 @@ def run(
     )
     with daemon(args, quiet=True) as d:
         options, prompt = _run_options(d, command, image, name, workspace, detach)
+        options.runtime = runtime
         d.start(interrupt=True)
         try:
             code = guarded(lambda: run_sandbox(d.cfg, d.registry, d.policy, options))

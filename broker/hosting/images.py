@@ -19,7 +19,7 @@ from docker.models.images import Image
 
 from broker.clock import REAL
 from broker.errors import SandboxError
-from broker.hosting.sandbox import SANDBOX_UID
+from broker.hosting.runtimes.spec import SANDBOX_UID
 
 __all__ = ["DEFAULT_BASE", "DEFAULT_IMAGE", "FALLBACK_BASE", "IMAGE_LABEL", "ensure_image"]
 
@@ -58,7 +58,7 @@ def ensure_image(
     after PULL_TIMEOUT silent seconds), broker-base:bookworm built from Debian
     packages by ``sandbox_images/build-base.sh`` (root, about a minute).
     """
-    digest = _sources_digest()
+    digest = sources_digest()
     try:
         previous: Image | None = client.images.get(tag)
     except docker.errors.ImageNotFound:
@@ -111,7 +111,7 @@ def _remove_if_untagged(client: docker.DockerClient, image_id: str) -> None:
         pass  # a container may still run on it; it is only disk space
 
 
-def _sources_digest() -> str:
+def sources_digest() -> str:
     """sha256 over what the Dockerfile copies, so a changed client means a new image."""
     h = hashlib.sha256()
     for rel in (

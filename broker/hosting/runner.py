@@ -19,6 +19,9 @@ from typing import Any
 from broker.approval.notify import Notifier
 from broker.config import Config
 from broker.hosting import images, sandbox
+from broker.hosting.runtimes import open_runtime
+from broker.hosting.runtimes.base import Handle, Runtime
+from broker.hosting.runtimes.spec import sandbox_spec
 from broker.hosting.serving import Serving
 from broker.models import Record
 from broker.policy.ruleset import Policy
@@ -36,6 +39,7 @@ class RunOptions:
     detach: bool = False
     on_pending: Callable[[Record], None] | None = None
     notifier: Notifier | None = None  # [notify] webhooks, as `broker serve` tells them
+    runtime: str | None = None  # docker or podman; default: [sandbox] runtime, else docker
     say: Callable[[str], None] = print
 
 
@@ -64,29 +68,39 @@ def extra_env(config: Config) -> dict[str, str]:
     return {name: os.environ[name] for name in names if name in os.environ}
 
 
+def runtime_name(config: Config, chosen: str | None = None) -> str:
+    """--runtime, else [sandbox] runtime, else docker."""
+    return chosen or str(config.sandbox.get("runtime", "docker"))
+
+
 def run(config: Config, registry: Registry, policy: Policy, options: RunOptions) -> int:
     """Start the sandbox, serve it until it exits, drain, summarise; return its exit code."""
-    client = sandbox.engine()
+    runtime = open_runtime(runtime_name(config, options.runtime))
+    try:
+        return _run(config, registry, policy, options, runtime)
+    finally:
+        runtime.close()
+
+
+def _run(
+    config: Config, registry: Registry, policy: Policy, options: RunOptions, runtime: Runtime
+) -> int:
     image = options.image or str(config.sandbox.get("image", images.DEFAULT_IMAGE))
     if image == images.DEFAULT_IMAGE:
-        images.ensure_image(client, image, log=options.say)
+        runtime.ensure_image(image, log=options.say)
     sandbox_id = new_sandbox_id(options.name)
-    paths = sandbox.prepare_dirs(config.state_dir, sandbox_id)
-
-    def start() -> Any:
-        return sandbox.start(
-            client,
-            paths,
-            image,
-            options.command,
-            limits=limits_from(config),
-            env=extra_env(config),
-            workspace=options.workspace,
-            name=f"broker-{sandbox_id}",
-        )
-
+    paths = sandbox.prepare_dirs(config.state_dir, sandbox_id, runtime.agent_uid())
+    spec = sandbox_spec(
+        paths,
+        image,
+        options.command,
+        limits=limits_from(config),
+        env=extra_env(config),
+        workspace=options.workspace,
+        name=f"broker-{sandbox_id}",
+    )
     if options.detach:
-        detached = start()
+        detached = runtime.start(spec)
         options.say(
             f"sandbox {sandbox_id} started (container {detached.short_id}); "
             "serve it with: broker serve"
@@ -103,16 +117,19 @@ def run(config: Config, registry: Registry, policy: Policy, options: RunOptions)
     )
     serving.start()
     try:
-        code = _attached(start, options, f"sandbox {sandbox_id}: running", image)
+        running = f"sandbox {sandbox_id}: running"
+        code = _attached(lambda: runtime.start(spec), runtime, options, running, image)
     finally:
         serving.finish()
     options.say(summary(config, sandbox_id, code))
     return code
 
 
-def _attached(start: Callable[[], Any], options: RunOptions, running: str, image: str) -> int:
+def _attached(
+    start: Callable[[], Handle], runtime: Runtime, options: RunOptions, running: str, image: str
+) -> int:
     """Run the container to its end, its output streamed; it is removed in every case."""
-    container: Any = None
+    container: Handle | None = None
     try:
         container = start()
         options.say(f"{running} {' '.join(options.command)} in {image}")
@@ -125,7 +142,7 @@ def _attached(start: Callable[[], Any], options: RunOptions, running: str, image
         return int(outcome.get("StatusCode", 1))
     finally:
         if container is not None:
-            sandbox.remove(container)
+            runtime.remove(container)
 
 
 def summary(config: Config, sandbox_id: str, code: int) -> str:

@@ -11,25 +11,33 @@ plus, when asked, a workspace at ``/workspace``. Everything else in the state di
 (ledger, audit log, attachments) stays out of reach. Every container carries the
 label ``LABEL=<sandbox id>`` so :func:`leftovers` finds the ones a crash left behind.
 
+The hardening itself is runtime-neutral (broker.hosting.runtimes.spec) and proven on
+each created container (broker.hosting.runtimes.proof); this module is the Docker
+face of it that the integrations use. Other runtimes: broker.hosting.runtimes.
 Docker's own exceptions stop here: what callers see is :class:`SandboxError`.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import socket
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import docker
-import docker.errors
 from docker.models.containers import Container
-from docker.types import Mount
 
 from broker.errors import SandboxError
+from broker.hosting.runtimes import docker as docker_runtime
+from broker.hosting.runtimes.spec import (
+    DEFAULT_LIMITS,
+    LABEL,
+    SANDBOX_ID,
+    SANDBOX_UID,
+    SandboxLimits,
+    SandboxPaths,
+    sandbox_spec,
+)
 
 __all__ = [
     "LABEL",
@@ -44,47 +52,19 @@ __all__ = [
     "start",
 ]
 
-SANDBOX_UID = 10001
-"""The uid and gid agents run as; the image's ``agent`` user (see the Dockerfile)."""
-
-LABEL = "io.sandbox-broker.hosting.sandbox"
-"""Label key on every sandbox container; its value is the sandbox id."""
-
-_SANDBOX_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
-_PROTOCOL_ENV = ("OUTBOX_DIR", "RESULTS_DIR", "SANDBOX_ID")
-
-Log = Callable[[str], None]
+engine = docker_runtime.engine
 
 
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Resource ceilings for one sandbox container."""
-
-    pids: int = 256
-    memory: str = "512m"
-    nano_cpus: int = 1_000_000_000
-    tmpfs_size: str = "64m"
-
-
-@dataclass(frozen=True)
-class SandboxPaths:
-    """The host side of one sandbox's directories."""
-
-    sandbox_id: str
-    root: Path
-    outbox: Path
-    results: Path
-
-
-def prepare_dirs(state_dir: Path, sandbox_id: str) -> SandboxPaths:
+def prepare_dirs(state_dir: Path, sandbox_id: str, agent_uid: int = SANDBOX_UID) -> SandboxPaths:
     """Create (or repair) the outbox and results directories of ``sandbox_id``.
 
-    The outbox is writable by SANDBOX_UID alone; the results directory belongs to the
-    broker and is only readable in the sandbox. Existing results are kept. Needs
-    root, to give the outbox to SANDBOX_UID; raises SandboxError otherwise.
+    The outbox is writable by ``agent_uid`` alone (the host uid that is SANDBOX_UID in
+    the sandbox: itself, or a rootless Podman user); the results directory belongs to
+    the broker and is only readable in the sandbox. Existing results are kept. Needs
+    root to give the outbox to another uid; raises SandboxError otherwise.
     """
-    if not _SANDBOX_ID.match(sandbox_id):
-        raise SandboxError(f"sandbox id {sandbox_id!r} must match {_SANDBOX_ID.pattern[:-2]}")
+    if not SANDBOX_ID.match(sandbox_id):
+        raise SandboxError(f"sandbox id {sandbox_id!r} must match {SANDBOX_ID.pattern[:-2]}")
     sandboxes = state_dir / "sandboxes"
     root = sandboxes / sandbox_id
     paths = SandboxPaths(sandbox_id, root, root / "outbox", root / "results")
@@ -92,50 +72,26 @@ def prepare_dirs(state_dir: Path, sandbox_id: str) -> SandboxPaths:
         sandboxes.mkdir(mode=0o700, parents=True, exist_ok=True)
         root.mkdir(mode=0o755, exist_ok=True)
         paths.outbox.mkdir(mode=0o700, exist_ok=True)
-        os.chown(paths.outbox, SANDBOX_UID, SANDBOX_UID)
+        if paths.outbox.stat().st_uid != agent_uid or paths.outbox.stat().st_gid != agent_uid:
+            os.chown(paths.outbox, agent_uid, agent_uid)
         paths.outbox.chmod(0o700)
         paths.results.mkdir(mode=0o755, exist_ok=True)
-        os.chown(paths.results, os.getuid(), os.getgid())
+        if paths.results.stat().st_uid != os.getuid():
+            os.chown(paths.results, os.getuid(), os.getgid())
         paths.results.chmod(0o755)
     except PermissionError as exc:
         raise SandboxError(
             f"cannot prepare {root}: {exc.strerror}; the broker must run as root "
-            f"to hand the outbox to uid {SANDBOX_UID}"
+            f"to hand the outbox to uid {agent_uid}"
         ) from exc
     except OSError as exc:
         raise SandboxError(f"cannot prepare {root}: {exc.strerror or exc}") from exc
     return paths
 
 
-def engine() -> docker.DockerClient:
-    """Connect to the Docker engine named by the environment (DOCKER_HOST, else the socket)."""
-    where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-    client: docker.DockerClient | None = None
-    try:
-        if where.startswith("unix://"):
-            _check_socket(where.removeprefix("unix://"))
-        client = docker.from_env()
-        client.ping()
-    except (OSError, docker.errors.DockerException) as exc:  # requests' errors are OSErrors
-        if client is not None:
-            client.close()
-        raise SandboxError(
-            f"the Docker engine at {where} does not answer ({exc}); "
-            "start one with: bash scripts/docker-up.sh"
-        ) from exc
-    return client
-
-
-def _check_socket(path: str) -> None:
-    """Connect once to a unix socket; the SDK leaks its socket when this fails."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(5)
-        probe.connect(path)
-
-
 def hardened(
     paths: SandboxPaths,
-    limits: SandboxLimits = SandboxLimits(),
+    limits: SandboxLimits = DEFAULT_LIMITS,
     env: Mapping[str, str] | None = None,
     workspace: Path | None = None,
     *,
@@ -144,39 +100,17 @@ def hardened(
 ) -> dict[str, Any]:
     """The container options every sandbox gets (docker-py's `containers.create`);
     `read_only_mounts` maps host paths to container paths, bound read-only."""
-    extras = dict(env or {})
-    clash = sorted(set(extras) & set(_PROTOCOL_ENV))
-    if clash:
-        raise SandboxError(f"sandbox env may not set {', '.join(clash)}: the broker sets them")
-    mounts = [
-        Mount("/outbox", str(paths.outbox), type="bind", read_only=False),
-        Mount("/results", str(paths.results), type="bind", read_only=True),
-    ]
-    if workspace is not None:
-        mounts.append(Mount("/workspace", str(workspace), type="bind", read_only=False))
-    for host, inside in (read_only_mounts or {}).items():
-        mounts.append(Mount(inside, host, type="bind", read_only=True))
-    return {
-        "detach": True,
-        "auto_remove": False,
-        "user": f"{SANDBOX_UID}:{SANDBOX_UID}",
-        "environment": {
-            **extras,
-            "OUTBOX_DIR": "/outbox",
-            "RESULTS_DIR": "/results",
-            "SANDBOX_ID": paths.sandbox_id,
-        },
-        "mounts": mounts,
-        "labels": {**(labels or {}), LABEL: paths.sandbox_id},
-        "network_mode": "none",
-        "read_only": True,
-        "tmpfs": {"/tmp": f"rw,exec,nosuid,nodev,size={limits.tmpfs_size},mode=1777"},
-        "cap_drop": ["ALL"],
-        "security_opt": ["no-new-privileges"],
-        "pids_limit": limits.pids,
-        "mem_limit": limits.memory,
-        "nano_cpus": limits.nano_cpus,
-    }
+    spec = sandbox_spec(
+        paths,
+        "",
+        (),
+        limits=limits,
+        env=env,
+        workspace=workspace,
+        read_only_mounts=read_only_mounts,
+        labels=labels,
+    )
+    return docker_runtime.hardened(spec)
 
 
 def start(
@@ -185,7 +119,7 @@ def start(
     image: str,
     command: Sequence[str],
     *,
-    limits: SandboxLimits = SandboxLimits(),
+    limits: SandboxLimits = DEFAULT_LIMITS,
     env: Mapping[str, str] | None = None,
     workspace: Path | None = None,
     name: str | None = None,
@@ -199,49 +133,29 @@ def start(
     its environment holds only OUTBOX_DIR, RESULTS_DIR, SANDBOX_ID and ``env`` (the
     extras a configuration names; never the host's own environment). ``workspace``,
     if given, is mounted read-write at /workspace and must be writable by
-    SANDBOX_UID. The caller removes the container with :func:`remove`.
+    SANDBOX_UID. Each property is proven on the created container before it starts.
+    The caller removes the container with :func:`remove`.
     """
-    options = hardened(
-        paths, limits, env, workspace, read_only_mounts=read_only_mounts, labels=labels
+    spec = sandbox_spec(
+        paths,
+        image,
+        command,
+        limits=limits,
+        env=env,
+        workspace=workspace,
+        name=name,
+        read_only_mounts=read_only_mounts,
+        labels=labels,
     )
-    try:
-        # create + start, not run: run() would try to pull a missing image from a registry.
-        container = client.containers.create(image, list(command), name=name, **options)
-    except docker.errors.ImageNotFound as exc:
-        raise SandboxError(f"image {image} is missing; build it with: broker image build") from exc
-    except docker.errors.DockerException as exc:
-        raise SandboxError(f"cannot create sandbox {paths.sandbox_id}: {exc}") from exc
-    try:
-        container.start()
-    except docker.errors.DockerException as exc:
-        remove(container)
-        raise SandboxError(f"cannot start sandbox {paths.sandbox_id}: {exc}") from exc
-    except BaseException:  # a Ctrl-C mid-start: nobody else knows the container yet
-        remove(container)
-        raise
-    return container
+    return docker_runtime.DockerRuntime(client).start(spec)
 
 
 def remove(container: Container) -> None:
     """Kill and delete ``container``; one that is already gone is fine."""
-    try:
-        container.remove(force=True)
-    except docker.errors.NotFound:
-        pass
-    except docker.errors.APIError as exc:
-        if exc.status_code == 409:  # its removal is already under way
-            return
-        raise SandboxError(f"cannot remove container {container.short_id}: {exc}") from exc
+    docker_runtime.remove(container)
 
 
 def leftovers(client: docker.DockerClient) -> list[Container]:
     """Every sandbox container on the engine, running or not (for cleanup after a crash)."""
-    for _ in range(3):  # the SDK inspects each listed container: one removed meanwhile 404s
-        try:
-            found: list[Container] = client.containers.list(all=True, filters={"label": LABEL})
-        except docker.errors.NotFound:
-            continue
-        except docker.errors.DockerException as exc:
-            raise SandboxError(f"cannot list sandbox containers: {exc}") from exc
-        return found
-    raise SandboxError("cannot list sandbox containers: they kept changing while listed")
+    found: list[Container] = docker_runtime.DockerRuntime(client).leftovers()  # type: ignore[assignment]
+    return found

@@ -1,14 +1,22 @@
-"""Fixtures for the sandbox tests: the in-sandbox client, a fake broker, a real engine."""
+"""Fixtures for the sandbox tests: the in-sandbox client, a fake broker, real runtimes.
+
+`sandbox_host` runs each sandbox property test on every runtime (RUNTIMES): Docker,
+Podman rootful, Podman rootless. A runtime that is absent skips its tests, saying
+why; under CI an absent Docker or Podman fails them.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
+import shutil
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -19,6 +27,11 @@ import pytest
 
 from broker.errors import SandboxError
 from broker.hosting import images, sandbox
+from broker.hosting.runtimes.base import Runtime
+from broker.hosting.runtimes.docker import DockerRuntime
+from broker.hosting.runtimes.podman import Podman, PodmanRuntime
+from broker.hosting.runtimes.proof import Observed
+from broker.hosting.runtimes.spec import SandboxSpec, sandbox_spec
 
 CLIENT = Path(__file__).resolve().parents[2] / "sandbox_images" / "client" / "outbox.py"
 
@@ -141,6 +154,104 @@ def agent_image(engine: docker.DockerClient) -> str:
     return images.ensure_image(engine)
 
 
+ROOTLESS_USER = os.environ.get("PODMAN_USER", "broker-rootless")
+"""The unprivileged user scripts/podman-up.sh makes for rootless Podman."""
+RUNTIMES = ["docker", "podman", "podman-rootless"]
+
+
+def _podman(user: str | None) -> PodmanRuntime:
+    """Podman as root, or as ``user``: skipped when absent, a failure under CI (rootful)."""
+    try:
+        return PodmanRuntime(Podman(user))
+    except (SandboxError, KeyError) as exc:
+        if os.environ.get("CI") and user is None:
+            pytest.fail(f"CI needs Podman (run scripts/podman-up.sh first): {exc}")
+        pytest.skip(f"no Podman{' for ' + user if user else ''} ({exc})")
+
+
+@pytest.fixture(scope="session")
+def podman_runtime() -> PodmanRuntime:
+    """Rootful Podman (this process is root)."""
+    return _podman(None)
+
+
+@pytest.fixture(scope="session", params=RUNTIMES)
+def runtime(request: pytest.FixtureRequest) -> Runtime:
+    """Each runtime in turn, with the agent image in its store."""
+    if request.param == "docker":
+        found: Runtime = DockerRuntime(request.getfixturevalue("engine"))
+    elif request.param == "podman":
+        found = request.getfixturevalue("podman_runtime")
+    else:
+        found = rootless_usable(_podman(ROOTLESS_USER))
+    found.ensure_image(images.DEFAULT_IMAGE)
+    return found
+
+
+class LimitsWaived(PodmanRuntime):
+    """Rootless Podman on cgroup v1 with the limits' proof waived, FOR TESTS ONLY: the
+    broker refuses such a sandbox (its inspect shows the limits as 0; test_proof.py);
+    this shows that every other property holds there, and (test_container.py's limits
+    test) that the limits really are not applied."""
+
+    waived = True
+    asked: SandboxSpec | None = None
+
+    def start(self, spec: SandboxSpec) -> Any:
+        self.asked = spec
+        return super().start(spec)
+
+    def observe(self, container: Any) -> Observed:
+        seen = super().observe(container)
+        assert self.asked is not None and (seen.pids, seen.memory) == (0, 0)
+        limits = self.asked.limits
+        return dataclasses.replace(
+            seen, pids=limits.pids, memory=self.asked.memory, nano_cpus=limits.nano_cpus
+        )
+
+
+def rootless_usable(runtime: Runtime) -> Runtime:
+    """Rootless Podman as the tests run it: as is on cgroup v2, else limits waived."""
+    assert isinstance(runtime, PodmanRuntime) and runtime.rootless
+    if runtime.cgroups == "v2":
+        return runtime
+    return LimitsWaived(runtime.podman)
+
+
+def rootless_user(runtime: Runtime) -> str | None:
+    user: str | None = getattr(getattr(runtime, "podman", None), "user", None)
+    return user
+
+
+@contextmanager
+def state_base(runtime: Runtime, tmp_path: Path) -> Iterator[Path]:
+    """Where a test's state dir goes: tmp_path, or for a rootless Podman user a fresh
+    dir in that user's home (the outbox on the user's own file system; root's
+    /tmp/pytest-of-root is closed to them)."""
+    user = rootless_user(runtime)
+    if user is None:
+        yield tmp_path
+        return
+    base = Path(f"~{user}").expanduser() / f"test-{uuid.uuid4().hex[:12]}"
+    base.mkdir(mode=0o700)
+    os.chown(base, runtime.agent_uid(), runtime.agent_uid())
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def prepare(runtime: Runtime, state_dir: Path, sandbox_id: str) -> sandbox.SandboxPaths:
+    """The sandbox's dirs, owned as the runtime needs: a rootless Podman user (driven
+    from this root process) owns the whole tree, as it would running the broker itself."""
+    paths = sandbox.prepare_dirs(state_dir, sandbox_id, runtime.agent_uid())
+    if rootless_user(runtime) is not None:
+        uid = runtime.agent_uid()
+        for path in (state_dir, state_dir / "sandboxes", paths.root, paths.results):
+            os.chown(path, uid, uid)
+    return paths
+
+
 @dataclass
 class Run:
     """What one sandbox run left behind."""
@@ -154,7 +265,7 @@ class Run:
 class SandboxHost:
     """The host side of one sandbox: its state dir and directories, and a way to run in it."""
 
-    engine: docker.DockerClient
+    runtime: Runtime
     image: str
     state_dir: Path
     paths: sandbox.SandboxPaths
@@ -169,7 +280,8 @@ class SandboxHost:
 
     def start(self, command: list[str], **kwargs: Any) -> Any:
         """Start ``command`` in this sandbox; removed at teardown."""
-        container = sandbox.start(self.engine, self.paths, self.image, command, **kwargs)
+        spec = sandbox_spec(self.paths, self.image, command, **kwargs)
+        container = self.runtime.start(spec)
         self.containers.append(container)
         return container
 
@@ -185,23 +297,26 @@ class SandboxHost:
 
 
 @pytest.fixture
-def sandbox_host(
-    engine: docker.DockerClient, agent_image: str, tmp_path: Path
-) -> Iterator[SandboxHost]:
-    """A fresh sandbox, beside host state that must stay out of its reach."""
-    state_dir = tmp_path / "state"
+def sandbox_host(runtime: Runtime, tmp_path: Path) -> Iterator[SandboxHost]:
+    """A fresh sandbox on each runtime, beside host state that must stay out of its reach."""
+    with state_base(runtime, tmp_path) as base:
+        yield from _sandbox_host(runtime, base)
+
+
+def _sandbox_host(runtime: Runtime, base: Path) -> Iterator[SandboxHost]:
+    state_dir = base / "state"
     state_dir.mkdir(mode=0o700)
     token = uuid.uuid4().hex
     (state_dir / f"ledger-{token}.sqlite3").write_text(f"ledger {token}")
     (state_dir / f"audit-{token}.jsonl").write_text(f'{{"audit": "{token}"}}\n')
     host = SandboxHost(
-        engine,
-        agent_image,
+        runtime,
+        images.DEFAULT_IMAGE,
         state_dir,
-        sandbox.prepare_dirs(state_dir, f"t-{uuid.uuid4().hex[:12]}"),
+        prepare(runtime, state_dir, f"t-{uuid.uuid4().hex[:12]}"),
     )
     yield host
     for container in host.containers:
-        sandbox.remove(container)
+        runtime.remove(container)
     for broker in host.brokers:
         broker.join()

@@ -1,4 +1,5 @@
-"""Sandboxes on a real Docker engine: what an agent inside can and cannot reach."""
+"""Sandboxes on real runtimes (Docker, Podman rootful and rootless): what an agent inside
+can and cannot reach."""
 
 from __future__ import annotations
 
@@ -101,8 +102,7 @@ def test_host_environment_and_secrets_stay_outside(
     assert env["OUTBOX_DIR"] == "/outbox"
     assert env["RESULTS_DIR"] == "/results"
     assert env["SANDBOX_ID"] == sandbox_host.paths.sandbox_id
-    image_env = sandbox_host.engine.images.get(sandbox_host.image).attrs["Config"]["Env"]
-    allowed = {item.split("=", 1)[0] for item in image_env}
+    allowed = set(sandbox_host.runtime.image_env(sandbox_host.image))
     allowed |= {"OUTBOX_DIR", "RESULTS_DIR", "SANDBOX_ID", "AGENT_MODE", "HOME", "HOSTNAME"}
     assert set(env) <= allowed
 
@@ -152,7 +152,7 @@ def test_outbox_is_writable_and_the_host_sees_it(sandbox_host: Any) -> None:
     written = sandbox_host.paths.outbox / "hello.txt"
     assert run.exit_code == 0, run.stderr
     assert written.read_text() == "from inside"
-    assert written.stat().st_uid == sandbox.SANDBOX_UID
+    assert written.stat().st_uid == sandbox_host.runtime.agent_uid()  # SANDBOX_UID, rootful
     assert probe(sandbox_host)["outbox_readonly"] is False
 
 
@@ -234,6 +234,10 @@ print(json.dumps({
     run = sandbox_host.python(script, limits=limits)
 
     assert run.exit_code == 0, run.stderr
+    if getattr(sandbox_host.runtime, "waived", False):  # rootless Podman on cgroup v1
+        # what makes the broker refuse it (test_proof.py): the limits are not applied
+        assert json.loads(run.stdout) != {"pids": "64", "memory": str(128 * 1024 * 1024)}
+        return
     assert json.loads(run.stdout) == {"pids": "64", "memory": str(128 * 1024 * 1024)}
 
 
@@ -242,10 +246,10 @@ def test_leftovers_finds_sandboxes_until_removed(sandbox_host: Any) -> None:
     """leftovers() lists labelled containers; remove() deletes them and tolerates repeats."""
     container = sandbox_host.start(["sleep", "60"])
 
-    found = {c.id: c.labels for c in sandbox.leftovers(sandbox_host.engine)}
-    sandbox.remove(container)
-    sandbox.remove(container)
-    after = {c.id for c in sandbox.leftovers(sandbox_host.engine)}
+    found = {c.id: c.labels for c in sandbox_host.runtime.leftovers()}
+    sandbox_host.runtime.remove(container)
+    sandbox_host.runtime.remove(container)
+    after = {c.id for c in sandbox_host.runtime.leftovers()}
 
     assert found[container.id][sandbox.LABEL] == sandbox_host.paths.sandbox_id
     assert container.id not in after

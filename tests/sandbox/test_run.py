@@ -55,6 +55,9 @@ def run(config: Path, name: str, script: str, **kw: object) -> subprocess.Comple
 INT = f"int-{uuid.uuid4().hex[:8]}"
 DET = f"det-{uuid.uuid4().hex[:8]}"
 TTY = f"tty-{uuid.uuid4().hex[:8]}"
+OK, BAD, TERM, NOTE, HAND = (
+    f"{n}-{uuid.uuid4().hex[:8]}" for n in ("ok", "bad", "term", "note", "hand")
+)
 
 
 def containers(engine: docker.DockerClient, name: str) -> list[object]:
@@ -72,22 +75,22 @@ def test_agent_request_is_applied_and_container_removed(
     host: Path, engine: docker.DockerClient
 ) -> None:
     """The agent writes through the client, reads `applied`; the run summarises and cleans up."""
-    done = run(host, "ok1", AGENT)
+    done = run(host, OK, AGENT)
     assert done.returncode == 0, done.stderr
     assert "AGENT applied 16" in done.stderr
-    assert "sandbox ok1 exited with 0: 1 applied" in done.stderr
+    assert f"sandbox {OK} exited with 0: 1 applied" in done.stderr
     assert (host.parent / "exports" / "out.txt").read_text() == "from the sandbox"
-    assert containers(engine, "ok1") == []
+    assert containers(engine, OK) == []
 
 
 def test_failing_agent_exit_code_is_returned_and_container_removed(
     host: Path, engine: docker.DockerClient
 ) -> None:
     """A crashing agent's exit code is the run's, and its container is gone."""
-    done = run(host, "bad1", "import sys; sys.exit(7)")
+    done = run(host, BAD, "import sys; sys.exit(7)")
     assert done.returncode == 7
     assert "exited with 7" in done.stderr
-    assert containers(engine, "bad1") == []
+    assert containers(engine, BAD) == []
 
 
 def test_sigint_removes_the_container(host: Path, engine: docker.DockerClient) -> None:
@@ -224,10 +227,10 @@ def test_sigterm_removes_the_container_as_ctrl_c_does(
 ) -> None:
     """SIGTERM (a service manager stopping the run) removes the container and exits 130."""
     log = tmp_path / "run.log"
-    with running(host, engine, log, "term1", "sleep", "60") as proc:
+    with running(host, engine, log, TERM, "sleep", "60") as proc:
         # the start (image check, container create) has no bound under load: wait for it
         eventually(
-            lambda: "sandbox term1: running" in log.read_text() or proc.poll() is not None, 90
+            lambda: f"sandbox {TERM}: running" in log.read_text() or proc.poll() is not None, 90
         )
         assert proc.poll() is None, log.read_text()
         time.sleep(0.5)
@@ -237,7 +240,7 @@ def test_sigterm_removes_the_container_as_ctrl_c_does(
     assert proc.returncode == 130, err
     assert "interrupted: the sandbox was removed" in err
     assert "Traceback" not in err
-    assert containers(engine, "term1") == []
+    assert containers(engine, TERM) == []
 
 
 def test_run_tells_the_notify_webhooks_and_the_person_told_decides(
@@ -255,12 +258,12 @@ def test_run_tells_the_notify_webhooks_and_the_person_told_decides(
         "print('AGENT', r['status'])\n"
     )
     log = tmp_path / "run.log"
-    with running(host, engine, log, "note1", "python3", "-c", agent) as proc:
+    with running(host, engine, log, NOTE, "python3", "-c", agent) as proc:
         eventually(lambda: bool(hook.calls("/pending")) or proc.poll() is not None, 90)
         assert hook.calls("/pending"), log.read_text()
         message = hook.calls("/pending")[0]["body"]
         assert message["type"] == "approval.pending"
-        assert (message["sandbox"], message["effect"]) == ("note1", "files.write")
+        assert (message["sandbox"], message["effect"]) == (NOTE, "files.write")
         assert "an overwrite destroys the old file" in message["why"]
         command = message["decide"]["approve"].split()  # broker approve SANDBOX/ID
         decided = subprocess.run(
@@ -276,7 +279,7 @@ def test_run_tells_the_notify_webhooks_and_the_person_told_decides(
     assert "AGENT applied" in err
     assert (host.parent / "exports" / "n.txt").read_text() == "two"
     assert len(hook.calls("/pending")) == 1
-    assert containers(engine, "note1") == []
+    assert containers(engine, NOTE) == []
 
 
 def test_run_beside_a_serving_broker_hands_it_the_sandbox(
@@ -296,7 +299,7 @@ def test_run_beside_a_serving_broker_hands_it_the_sandbox(
     )
     try:
         eventually(lambda: "serving" in (tmp_path / "serve.log").read_text(), 30)
-        done = run(host, "hand1", AGENT)
+        done = run(host, HAND, AGENT)
     finally:
         serve.send_signal(signal.SIGINT)
         serve.wait(30)
@@ -304,10 +307,10 @@ def test_run_beside_a_serving_broker_hands_it_the_sandbox(
     served = (tmp_path / "serve.log").read_text()
     assert done.returncode == 0, done.stderr
     assert "AGENT applied 16" in done.stderr
-    assert f"handed sandbox hand1 to pid {serve.pid}, `broker serve`" in done.stderr
-    assert "serving sandbox hand1 for another process" in served
-    assert "sandbox hand1 exited with 0: 1 applied" in done.stderr
+    assert f"handed sandbox {HAND} to pid {serve.pid}, `broker serve`" in done.stderr
+    assert f"serving sandbox {HAND} for another process" in served
+    assert f"sandbox {HAND} exited with 0: 1 applied" in done.stderr
     events = [e for _, e, _ in audit.read_events(host.parent / "state" / "audit.jsonl") if e]
-    mine = [e["event"] for e in events if e["sandbox"] == "hand1"]
+    mine = [e["event"] for e in events if e["sandbox"] == HAND]
     assert mine.count("received") == 1 and mine.count("applied") == 1, mine
-    assert containers(engine, "hand1") == []
+    assert containers(engine, HAND) == []
