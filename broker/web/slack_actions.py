@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from typing import Any
+from typing import Any, get_args
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Request
@@ -25,6 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from broker.approval.decisions import Ballot
 from broker.clock import REAL, Clock
 from broker.errors import BrokerError, RequestNotFound
+from broker.models import State
 from broker.slack import messages
 from broker.slack.api import SlackApi
 from broker.slack.settings import SlackSettings
@@ -168,10 +169,12 @@ class SlackCallback:
 
     def _show(self, sandbox: str, request_id: str, channel: str, ts: str) -> None:
         """Update the message to the request as it now stands. The broker updates it too
-        when the request settles; if it settled while this update was on its way, this
-        one may have overwritten the outcome, so the outcome is sent once more."""
+        when the request settles, and this update may land after the broker's: so read
+        the request again after each update and show it again until what was shown is
+        what stands (a click races the approval, the apply and the outcome: each state
+        is shown at most once, so the loop ends)."""
         shown = None
-        for _ in range(2):
+        for _ in range(len(get_args(State))):
             card = self.inbox.card(sandbox, request_id)
             if card["status"] == shown:
                 return
