@@ -1,0 +1,154 @@
+"""Where a waiting request's approval thread goes, and opening it.
+
+- `github.pull_request.create`: a ref at the head the agent already pushed, on a
+  broker-owned branch; nothing new is pushed.
+- `git.push` to a remote that is a GitHub repository (`git_remotes`, or a github.com
+  URL): the bundle's commit, which is only in the request, pushed with real git to
+  the broker-owned branch (effects.gitstage): the agent's unapproved change is on the
+  remote from then on, and the card says so.
+- anything else (S3, HTTP, email, webhooks…), and a git.push whose remote is not on
+  GitHub: an issue in `issues_repo`, when one is configured.
+
+A staging branch is `staging_prefix + <request id>`: never the request's branch or
+base, never one of `[integrations.git] protected_branches`, and never in a public
+repository unless `staging_public = true`. It is deleted when the request settles.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING, Any
+
+from broker.config import Config
+from broker.context import opened
+from broker.errors import BrokerError
+from broker.integrations.github_store import Thread
+from broker.integrations.github_threads import APPROVAL_EFFECTS, GitHubThreads, ThreadSettings
+
+if TYPE_CHECKING:
+    from broker.models import Record
+    from broker.registry import Registry
+
+__all__ = ["Stager", "thread_kind"]
+
+log = logging.getLogger("broker.integrations.github")
+GITHUB_URL = re.compile(r"github\.com[:/]([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+?)(?:\.git)?/?\Z")
+DRAFT_BODY = "Staged by the broker for approval; the card is the first comment."
+ISSUE_BODY = "Opened by the broker for approval; the card is the first comment."
+
+
+def thread_kind(settings: ThreadSettings, record: Record) -> str | None:
+    """`pull`, `issue` or None: where this waiting request is approved on GitHub (a
+    rule's own approve_in_pr wins over the integration's)."""
+    said = (record.verdict or {}).get("approve_in_pr")
+    if not (settings.default_on if said is None else said):
+        return None
+    if record.effect in APPROVAL_EFFECTS:
+        return "pull"
+    return "issue" if settings.issues_repo else None
+
+
+@dataclass(frozen=True)
+class _Pull:
+    repo: str
+    head: str
+    base: str
+    branch: str
+
+
+class Stager:
+    """Opens the thread of one waiting request: stages the change, or opens an issue."""
+
+    def __init__(self, threads: GitHubThreads, config: Config, registry: Registry) -> None:
+        self.threads = threads
+        self.config = config
+        self.registry = registry
+
+    def open(self, card: Mapping[str, Any], record: Record) -> Thread | None:
+        """The thread opened for `record` (its card posted), or None when it has none."""
+        pull = self._stage(card, record) if record.effect in APPROVAL_EFFECTS else None
+        if pull is None and record.effect == "github.pull_request.create":
+            return None
+        api, settings = self.threads.api, self.threads.settings
+        sha256 = str(card["request_sha256"])
+        title = str((card.get("what") or {}).get("title") or record.effect)
+        if pull is not None:
+            number = api.draft(pull.repo, pull.branch, pull.base, f"[broker] {title}", DRAFT_BODY)
+            shown = Thread(
+                record.sandbox,
+                record.id,
+                sha256,
+                pull.repo,
+                number,
+                pull.head,
+                0,
+                None,
+                pull.branch,
+            )
+        elif settings.issues_repo:
+            repo = settings.issues_repo
+            number = api.issue(repo, f"[broker] {record.effect}: {title}"[:250], ISSUE_BODY)
+            shown = Thread(record.sandbox, record.id, sha256, repo, number, "", 0, kind="issue")
+        else:
+            return None
+        from broker.integrations.github_decisions import card_markdown
+
+        comment = api.reply(shown.repo, shown.number, card_markdown(card, shown))
+        check = None
+        if shown.head:
+            from broker.integrations.github_receipts import check_output
+
+            check = api.check_run(shown.repo, shown.head, check_output(card))
+        return replace(shown, card_comment=int(comment["id"]), check_run=check)
+
+    def _stage(self, card: Mapping[str, Any], record: Record) -> _Pull | None:
+        params = dict(record.envelope.get("params") or {})
+        repo = self._repo(record.effect or "", params)
+        if repo is None:
+            return None
+        if not self.threads.settings.staging_public and not self.threads.api.private(repo):
+            log.warning("%s is public: no staging branch (staging_public = false)", repo)
+            return None
+        branch = f"{self.threads.settings.staging_prefix}{record.id}"
+        self._may_stage(branch, params)
+        if record.effect == "github.pull_request.create":
+            head = self.threads.api.branch_sha(repo, str(params["head"]))
+            self.threads.api.create_branch(repo, branch, head)
+            return _Pull(repo, head, str(params["base"]), branch)
+        return self._push(record, params, repo, branch)
+
+    def _push(self, record: Record, params: dict[str, Any], repo: str, branch: str) -> _Pull:
+        from effects.git import GitPush
+        from effects.gitstage import stage_push
+
+        handler = self.registry.effect("git.push").handler
+        if not isinstance(handler, GitPush):
+            raise BrokerError("git.push is not the built-in handler: its change is not staged")
+        with opened(self.config, record) as ctx:
+            staged = stage_push(handler, params, ctx, branch)
+        return _Pull(repo, staged.commit, staged.base, branch)
+
+    def _repo(self, effect: str, params: Mapping[str, Any]) -> str | None:
+        if effect == "github.pull_request.create":
+            return str(params["repo"])
+        name = str(params.get("remote") or "")
+        mapped = (self.threads.settings.git_remotes or {}).get(name)
+        if mapped:
+            return mapped
+        remotes = self.config.integration("git").get("remotes") or {}
+        url = str((remotes.get(name) or {}).get("url") or "")
+        found = GITHUB_URL.search(url)
+        return found.group(1) if found else None
+
+    def _may_stage(self, branch: str, params: Mapping[str, Any]) -> None:
+        """Never the request's own branch or base, never a protected branch."""
+        own = {params.get("base"), params.get("branch"), params.get("head")}
+        if branch in own:
+            raise BrokerError(f"the staging branch {branch} would be the request's own branch")
+        for glob in self.config.integration("git").get("protected_branches") or []:
+            if fnmatchcase(branch, str(glob)):
+                raise BrokerError(f"the staging branch {branch} is protected ({glob})")
