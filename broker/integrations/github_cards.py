@@ -29,6 +29,7 @@ from broker.integrations.github_decisions import PrDecider, card_markdown
 from broker.integrations.github_poll import Poller
 from broker.integrations.github_receipts import closing_receipts, send_owed
 from broker.integrations.github_staging import Stager, thread_kind
+from broker.integrations.github_store import Thread
 from broker.integrations.github_threads import CHECK_NAME, GitHubThreads
 from broker.store.factory import open_store
 
@@ -77,8 +78,9 @@ class PrCards:
             if record is not None and record.terminal:
                 self._queue.put(("close", card(ledger, record, registry), record.output))
         for record in ledger.in_states(["pending"]):
-            if self.threads.store.by_request(*record.key) is None:
-                self.observe(ledger, record, registry)
+            opened = self.threads.store.by_request(*record.key)
+            if opened is None or not opened.card_comment or _unchecked(opened):
+                self.observe(ledger, record, registry)  # opened, or finished opening
 
     def close(self, timeout: float = 5.0) -> None:
         if self.poller is not None:
@@ -111,23 +113,30 @@ class PrCards:
                 log.exception("the GitHub thread of %s was not updated", ref)
 
     def _open(self, card: Mapping[str, Any], record: Record) -> None:
-        if self.threads.store.by_request(record.sandbox, record.id) is not None:
-            return
-        thread = self.stager.open(card, record)
-        if thread is not None:
-            self.threads.store.add(thread)
+        thread = self.threads.store.by_request(record.sandbox, record.id)
+        if thread is None:
+            thread = self.stager.open(card, record)
+            if thread is None:
+                return
+            self.threads.store.add(thread)  # kept as it is opened: a restart finishes it
+        self.stager.finish(card, thread, self.threads.store.add)
 
     def _close(self, card: Mapping[str, Any], output: Any) -> None:
         thread = self.threads.store.by_request(str(card["sandbox"]), str(card["id"]))
         if thread is None:
             return
-        if self.threads.store.close_thread(thread.sandbox, thread.request_id):
-            owed = closing_receipts(thread, card, card_markdown(card, thread), output)
-            self.threads.store.owe(owed)
+        # owed first, then closed: a crash in between leaves receipts owed, never lost
+        # (their keys make a second closing owe nothing more)
+        self.threads.store.owe(closing_receipts(thread, card, card_markdown(card, thread), output))
+        self.threads.store.close_thread(thread.sandbox, thread.request_id)
         send_owed(self.threads, [f"close:{thread.ref}:{step}" for step in _STEPS])
 
 
 _STEPS = ("card", "check", "outcome", "close", "branch")
+
+
+def _unchecked(thread: Thread) -> bool:
+    return thread.kind == "pull" and thread.check_run is None
 
 
 def attach_pr_cards(broker: Broker, config: Config) -> PrCards | None:

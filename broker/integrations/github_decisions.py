@@ -36,6 +36,7 @@ log = logging.getLogger("broker.integrations.github")
 COMMAND = re.compile(r"\A\s*/broker\s+(approve|deny)\b[ \t]*(.*)\Z", re.S)
 PREFIX = re.compile(r"[0-9a-fA-F]{12,64}")
 FENCE = "~~~~"
+CARD_MARK = "<!-- broker-card {sha256} -->"
 
 
 @dataclass(frozen=True)
@@ -252,7 +253,7 @@ def card_markdown(card: Mapping[str, Any], thread: Thread) -> str:
     have = (card.get("approvals") or {}).get("have") or []
     need = (card.get("approvals") or {}).get("needed", 1)
     lines = [
-        f"<!-- broker-card {thread.sha256} -->",
+        CARD_MARK.format(sha256=thread.sha256),
         f"### Broker approval: `{card.get('effect')}` ({card.get('status')})",
         "",
         f"**What**: {what.get('title', '')}",

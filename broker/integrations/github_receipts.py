@@ -106,7 +106,7 @@ def closing_receipts(
 ) -> list[Receipt]:
     """What a settled request's thread is owed, in the order it is sent."""
     ref, state = thread.ref, str(card["status"])
-    owed = [card_edit(thread, card_body, f"close:{ref}:card")]
+    owed = [card_edit(thread, card_body, f"close:{ref}:card")] if thread.card_comment else []
     if thread.check_run is not None and state in OUTCOMES:
         check = {
             "run": thread.check_run,

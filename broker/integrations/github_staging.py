@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
@@ -33,9 +33,11 @@ if TYPE_CHECKING:
     from broker.models import Record
     from broker.registry import Registry
 
-__all__ = ["Stager", "thread_kind"]
+__all__ = ["Keep", "Stager", "thread_kind"]
 
 log = logging.getLogger("broker.integrations.github")
+Keep = Callable[[Thread], None]
+"""Remembers a thread as far as it is opened (ThreadStore.add)."""
 GITHUB_URL = re.compile(r"github\.com[:/]([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+?)(?:\.git)?/?\Z")
 DRAFT_BODY = "Staged by the broker for approval; the card is the first comment."
 ISSUE_BODY = "Opened by the broker for approval; the card is the first comment."
@@ -69,7 +71,8 @@ class Stager:
         self.registry = registry
 
     def open(self, card: Mapping[str, Any], record: Record) -> Thread | None:
-        """The thread opened for `record` (its card posted), or None when it has none."""
+        """The thread for `record`, its draft or issue opened (the card and check are
+        then `finish`'s), or None when it has none."""
         pull = self._stage(card, record) if record.effect in APPROVAL_EFFECTS else None
         if pull is None and record.effect == "github.pull_request.create":
             return None
@@ -78,7 +81,7 @@ class Stager:
         title = str((card.get("what") or {}).get("title") or record.effect)
         if pull is not None:
             number = api.draft(pull.repo, pull.branch, pull.base, f"[broker] {title}", DRAFT_BODY)
-            shown = Thread(
+            return Thread(
                 record.sandbox,
                 record.id,
                 sha256,
@@ -89,21 +92,33 @@ class Stager:
                 None,
                 pull.branch,
             )
-        elif settings.issues_repo:
+        if settings.issues_repo:
             repo = settings.issues_repo
             number = api.issue(repo, f"[broker] {record.effect}: {title}"[:250], ISSUE_BODY)
-            shown = Thread(record.sandbox, record.id, sha256, repo, number, "", 0, kind="issue")
-        else:
-            return None
-        from broker.integrations.github_decisions import card_markdown
+            return Thread(record.sandbox, record.id, sha256, repo, number, "", 0, kind="issue")
+        return None
 
-        comment = api.reply(shown.repo, shown.number, card_markdown(card, shown))
-        check = None
-        if shown.head:
-            from broker.integrations.github_receipts import check_output
+    def finish(self, card: Mapping[str, Any], thread: Thread, keep: Keep) -> None:
+        """Post what an opened thread still lacks, keeping each step as it is done: the
+        card (unless a card of this request is there already: a crash after posting it)
+        and, on a pull request, the queued check run."""
+        from broker.integrations.github_decisions import CARD_MARK, card_markdown
+        from broker.integrations.github_receipts import check_output
 
-            check = api.check_run(shown.repo, shown.head, check_output(card))
-        return replace(shown, card_comment=int(comment["id"]), check_run=check)
+        api = self.threads.api
+        if not thread.card_comment:
+            mark = CARD_MARK.format(sha256=thread.sha256)
+            there = [c for c in api.comments(thread.repo, thread.number) if mark in c["body"]]
+            comment = (
+                there[0]
+                if there
+                else api.reply(thread.repo, thread.number, card_markdown(card, thread))
+            )
+            thread = replace(thread, card_comment=int(comment["id"]))
+            keep(thread)
+        if thread.kind == "pull" and thread.check_run is None:
+            run = api.check_run(thread.repo, thread.head, check_output(card))
+            keep(replace(thread, check_run=run))
 
     def _stage(self, card: Mapping[str, Any], record: Record) -> _Pull | None:
         params = dict(record.envelope.get("params") or {})

@@ -53,10 +53,15 @@ class Stack:
 
     def thread_of(self, rid: str) -> Thread:
         """The thread opened for request `rid`, once its card and check are there."""
-        thread = eventually(lambda: self.cards.threads.store.by_request("default", rid))
-        if thread.kind == "pull":
-            eventually(lambda: thread.check_run is not None)
-        return thread
+
+        def opened() -> Thread | None:
+            thread = self.cards.threads.store.by_request("default", rid)
+            if thread is None or not thread.card_comment:
+                return None
+            return thread if thread.kind == "issue" or thread.check_run else None
+
+        found: Thread = eventually(opened)
+        return found
 
     def waiting(self, title: str = "Fix x") -> tuple[str, Thread]:
         """An agent's pull request that waits for people, and the thread opened for it."""
