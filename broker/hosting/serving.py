@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from broker.approval.notify import Notifier
 from broker.clock import REAL
@@ -21,6 +22,9 @@ from broker.models import Record
 from broker.policy.ruleset import Policy
 from broker.registry import Registry
 from broker.store.factory import open_store
+
+if TYPE_CHECKING:
+    from broker.integrations.github_cards import PrCards
 
 log = logging.getLogger("broker.run")
 TAKEOVER_S = 30.0  # how long to try to become the owner when the owner went away
@@ -54,6 +58,7 @@ class Serving:
         self._failure: list[BaseException] = []
         self._lock = threading.Lock()
         self._finishing = False
+        self._cards: PrCards | None = None
 
     @property
     def owner(self) -> bool:
@@ -114,6 +119,9 @@ class Serving:
         broker.lock.acquire(broker.command)  # StateBusy: someone else owns it
         try:
             broker.add(from_layout(self.config.sandboxes_dir, self.sandbox_id))
+            from broker.integrations.github_cards import attach_pr_cards
+
+            self._cards = attach_pr_cards(broker, self.config)  # GitHub threads (approve_in_pr)
         except BaseException:
             broker.lock.release()
             broker.ledger.close()
@@ -147,6 +155,8 @@ class Serving:
         self._stop.set()
         self.broker.wake()
         self._thread.join(120)
+        if self._cards is not None:  # after the broker: its last observers have run
+            self._cards.close()
         if self._failure:
             raise self._failure[0]
 
