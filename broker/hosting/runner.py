@@ -19,7 +19,7 @@ from typing import Any
 from broker.approval.notify import Notifier
 from broker.config import Config
 from broker.hosting import images, sandbox
-from broker.hosting.serving import Serving
+from broker.hosting.serving import OnBroker, Serving
 from broker.models import Record
 from broker.policy.ruleset import Policy
 from broker.registry import Registry
@@ -32,6 +32,7 @@ class RunOptions:
     command: Sequence[str]
     image: str | None = None
     name: str | None = None
+    on_broker: OnBroker | None = None  # observers for the broker run starts (GitHub threads)
     workspace: Path | None = None
     detach: bool = False
     on_pending: Callable[[Record], None] | None = None
@@ -97,6 +98,7 @@ def run(config: Config, registry: Registry, policy: Policy, options: RunOptions)
         registry,
         policy,
         sandbox_id,
+        on_broker=options.on_broker,
         on_pending=options.on_pending,
         notifier=options.notifier,
         say=options.say,

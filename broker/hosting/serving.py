@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from broker.approval.notify import Notifier
 from broker.clock import REAL
@@ -23,10 +22,10 @@ from broker.policy.ruleset import Policy
 from broker.registry import Registry
 from broker.store.factory import open_store
 
-if TYPE_CHECKING:
-    from broker.integrations.github_cards import PrCards
-
 log = logging.getLogger("broker.run")
+OnBroker = Callable[[Broker], Callable[[], None] | None]
+"""Called with a broker this process runs, before it serves; what it returns is called
+after that broker stops (a surface's observers: broker.integrations.github_cards)."""
 TAKEOVER_S = 30.0  # how long to try to become the owner when the owner went away
 
 
@@ -41,6 +40,7 @@ class Serving:
         sandbox_id: str,
         *,
         on_pending: Callable[[Record], None] | None = None,
+        on_broker: OnBroker | None = None,
         notifier: Notifier | None = None,
         say: Callable[[str], None] = print,
     ) -> None:
@@ -49,6 +49,7 @@ class Serving:
         self.policy = policy
         self.sandbox_id = sandbox_id
         self.on_pending = on_pending
+        self.on_broker = on_broker
         self.notifier = notifier
         self.say = say
         self.broker: Broker | None = None
@@ -58,7 +59,7 @@ class Serving:
         self._failure: list[BaseException] = []
         self._lock = threading.Lock()
         self._finishing = False
-        self._cards: PrCards | None = None
+        self._detach: Callable[[], None] | None = None
 
     @property
     def owner(self) -> bool:
@@ -119,9 +120,8 @@ class Serving:
         broker.lock.acquire(broker.command)  # StateBusy: someone else owns it
         try:
             broker.add(from_layout(self.config.sandboxes_dir, self.sandbox_id))
-            from broker.integrations.github_cards import attach_pr_cards
-
-            self._cards = attach_pr_cards(broker, self.config)  # GitHub threads (approve_in_pr)
+            if self.on_broker is not None:  # what a surface attaches (GitHub's threads)
+                self._detach = self.on_broker(broker)
         except BaseException:
             broker.lock.release()
             broker.ledger.close()
@@ -155,8 +155,9 @@ class Serving:
         self._stop.set()
         self.broker.wake()
         self._thread.join(120)
-        if self._cards is not None:  # after the broker: its last observers have run
-            self._cards.close()
+        if self._detach is not None:  # after the broker: its last observers have run
+            self._detach()
+            self._detach = None
         if self._failure:
             raise self._failure[0]
 

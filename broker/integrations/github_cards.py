@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from broker.registry import Registry
     from broker.store.base import Store
 
-__all__ = ["CHECK_NAME", "PrCards", "attach_pr_cards", "card_markdown"]
+__all__ = ["CHECK_NAME", "PrCards", "attach_pr_cards", "card_markdown", "on_broker"]
 
 log = logging.getLogger("broker.integrations.github")
 Job = tuple[str, Any, Any]
@@ -145,6 +145,7 @@ def attach_pr_cards(broker: Broker, config: Config) -> PrCards | None:
     threads = GitHubThreads.of(config)
     if threads is None:
         return None
+    log.info("GitHub approval threads: %s", threads.tokens.kind)
     cards = PrCards(threads, config, broker.registry)
     broker.on_change.append(lambda record: cards.observe(broker.ledger, record, broker.registry))
     cards.catch_up(broker.ledger, broker.registry)
@@ -157,6 +158,17 @@ def attach_pr_cards(broker: Broker, config: Config) -> PrCards | None:
         cards.poller = Poller(decider, interval)
         cards.poller.start()
     return cards
+
+
+def on_broker(config: Config) -> Callable[[Broker], Callable[[], None] | None]:
+    """`attach_pr_cards` for a broker a host runs (broker.hosting.serving's on_broker):
+    what it returns closes the threads' observer after that broker stops."""
+
+    def attach(broker: Broker) -> Callable[[], None] | None:
+        cards = attach_pr_cards(broker, config)
+        return None if cards is None else cards.close
+
+    return attach
 
 
 def _card_of(broker: Broker) -> Callable[[str, str], Mapping[str, Any]]:

@@ -1,6 +1,7 @@
 """GitHub approval threads wherever a broker serves requests, not only under `broker
-serve`: the broker `broker run` hosts for its sandbox (broker.hosting.serving) and the
-one an embedded executor runs (broker.integrations.embedded) open the draft and its
+serve`: the broker `broker run` hosts for its sandbox (broker.hosting.serving, with the
+`on_broker` hook `broker run` passes) and the one an embedded executor runs
+(broker.integrations.embedded) open the draft and its
 card, read a `/broker approve` comment by polling (no web server here), apply, and
 complete the check run and delete the staging branch when they stop."""
 
@@ -16,6 +17,7 @@ import pytest
 from broker.config import Config, load_config
 from broker.hosting.serving import Serving
 from broker.integrations import embedded
+from broker.integrations.github_cards import on_broker
 from broker.policy.ruleset import load_policy
 from broker.registry import default_registry
 from tests.effects.github.fake import commit_on, git, seed_repo
@@ -35,7 +37,7 @@ def hosted_by_run(config: Config) -> Callable[[], None]:
     registry = default_registry()
     registry.check_config(config.integrations, config.base_dir)
     policy = load_policy(config.policy_path, registry.reversibility(), registry.schemas())
-    serving = Serving(config, registry, policy, "sb1", say=lambda _: None)
+    serving = Serving(config, registry, policy, "sb1", on_broker=on_broker(config))
     serving.start()
     assert serving.owner
     return serving.finish

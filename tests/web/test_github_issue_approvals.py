@@ -121,7 +121,7 @@ def test_a_denied_email_closes_its_issue_and_a_rule_can_keep_one_out(
     stack.comment(thread, "bob-gh", "/broker deny not to customers", repo=ISSUES)
     result = stack.harness.wait(rid)
     assert result["status"] == "denied" and "not to customers" in str(result)
-    eventually(lambda: any(r.startswith("**Denied**") for r in stack.replies(thread)))
+    eventually(lambda: any(r.startswith("**Denied**:") for r in stack.replies(thread)))
     assert stack.hub.thread(ISSUES, thread.number)["state"] == "closed"
     kept = mail(stack, subject="Inbox only")
     stack.cards.drain()

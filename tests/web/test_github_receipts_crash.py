@@ -187,12 +187,12 @@ def test_a_request_denied_while_no_broker_ran(site: Site) -> None:
     assert denied.returncode == 0, denied.stderr
     second, _ = site.serve()
     try:
-        eventually(lambda: site.words(number, "**Denied**"))
+        eventually(lambda: site.words(number, "**Denied**:"))
         eventually(lambda: site.result() == "denied")
         run = next(iter(site.hub.check_runs.values()))
         assert run["history"] == ["queued", "failure"]
         assert "broker/pending/pr1" not in site.branches()
-        assert len(site.words(number, "**Denied**")) == 1
+        assert len(site.words(number, "**Denied**:")) == 1
         assert second.stop(signal.SIGTERM) == 0, second.seen
     finally:
         second.close()

@@ -110,14 +110,18 @@ def serving(
     served: tuple[Any, WebServer],
     policy: str,
     integrations: dict[str, Any] | None = None,
+    credentials: dict[str, Any] | None = None,
+    app: tuple[int, str, int] | None = None,
     **github: Any,
 ) -> Iterator[Stack]:
     """The stand-in with acme/api (private), a serving broker, its web app plugged in;
-    `github` overrides [integrations.github]'s keys (None removes one)."""
+    `github` overrides [integrations.github]'s keys (None removes one); `app` is the
+    stand-in's GitHub App (id, public key, installation) for `credentials` to mint with."""
     remote = tmp_path / "api.git"
     seed_repo(remote, SEED)
     commit_on(remote, "agent/fix", {"src/app.py": b"x = 2\n"}, start="main")
     with ReviewingGitHub(token=TOKEN) as hub:
+        hub.app = app
         hub.add_repo(REPO, remote)
         hub.private.add(REPO)
         for login, level in PEOPLE.items():
@@ -136,6 +140,7 @@ def serving(
             tmp_path / "h",
             policy=policy,
             integrations={**(integrations or {}), "github": table},
+            credentials=credentials,
             clock=FakeClock(),
         )
         config = replace(harness.config, approvers=APPROVERS)
