@@ -22,12 +22,12 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from broker.approval.decisions import Ballot, Tally, decide_and_wake
-from broker.clock import parse_duration
+from broker.clock import REAL, parse_duration
 from broker.config import Config
 from broker.errors import BrokerError
 from broker.integrations.github_decisions import PrDecider, card_markdown
 from broker.integrations.github_poll import Poller
-from broker.integrations.github_receipts import closing_receipts, send_owed
+from broker.integrations.github_receipts import closing_receipts, send_owed, unanswered
 from broker.integrations.github_staging import Stager, thread_kind
 from broker.integrations.github_store import Thread
 from broker.integrations.github_threads import CHECK_NAME, GitHubThreads
@@ -70,7 +70,9 @@ class PrCards:
         """What happened while no broker watched: queue it (called as the broker starts)."""
         from broker.approval.decisions import card
 
-        self._queue.put(("owed", None, None))  # receipts a crash left unsent, first
+        # receipts a crash left unsent, first; answers queued a minute before this start
+        # and still without words were being decided when a broker or web server died
+        self._queue.put(("owed", None, REAL.time() - 60))
         for thread in self.threads.store.all():
             if self.threads.store.closed(thread.sandbox, thread.request_id):
                 continue
@@ -107,7 +109,11 @@ class PrCards:
                 elif what == "close":
                     self._close(card, extra)
                 else:
+                    unanswered(self.threads, before=extra)
                     send_owed(self.threads)
+            except BrokerError as exc:  # a refusal (a protected branch) or GitHub's answer
+                ref = card.get("ref") if isinstance(card, Mapping) else what
+                log.warning("the GitHub thread of %s was not updated: %s", ref, exc)
             except Exception:  # an observer never breaks anything
                 ref = card.get("ref") if isinstance(card, Mapping) else what
                 log.exception("the GitHub thread of %s was not updated", ref)
@@ -129,10 +135,7 @@ class PrCards:
         # (their keys make a second closing owe nothing more)
         self.threads.store.owe(closing_receipts(thread, card, card_markdown(card, thread), output))
         self.threads.store.close_thread(thread.sandbox, thread.request_id)
-        send_owed(self.threads, [f"close:{thread.ref}:{step}" for step in _STEPS])
-
-
-_STEPS = ("card", "check", "outcome", "close", "branch")
+        send_owed(self.threads, thread.ref)
 
 
 def _unchecked(thread: Thread) -> bool:

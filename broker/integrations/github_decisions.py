@@ -105,26 +105,35 @@ class PrDecider:
             return None
         if event.comment_id and not self.threads.store.first_look(event.key):
             return None  # the webhook and the poller both saw it: it is looked at once
+        # the answer is queued before the decision: the thread's outcome never comes first
+        key = f"{thread.ref}|answer:{event.key}"
+        self.threads.store.owe([receipts.reply(thread, f"answer:{event.key}", None, event.login)])
+        answer = self._answer(thread, event)
+        if answer is None:
+            self.threads.store.forget(key)
+        else:
+            self.threads.store.fill(key, {"number": thread.number, "body": answer})
+        receipts.send_owed(self.threads, thread.ref)  # else owed: sent when a broker starts
+        return answer
+
+    def _answer(self, thread: Thread, event: Event) -> str | None:
+        """Decide on `event`; what the thread is told (None: it was not a command)."""
         try:
             ballot = self._ballot(thread, event)
             if ballot is None:
                 return None
             tally = self.decide(ballot)
-            answer = _receipt(tally, ballot)
             if not tally.settled:
                 self._refresh(thread)
+            return _receipt(tally, ballot)
         except (Refusal, DecisionError) as exc:
-            answer = f"**Refused** (@{event.login}): {exc}\n\nNothing was decided."
+            return f"**Refused** (@{event.login}): {exc}\n\nNothing was decided."
         except BrokerError as exc:  # GitHub did not answer a check: this one is not retried
             log.warning("a decision in %s#%d was not taken: %s", thread.repo, thread.number, exc)
-            answer = (
+            return (
                 f"**Not recorded** (@{event.login}): the broker could not check this with "
                 "GitHub just now. Nothing was decided; comment or review again."
             )
-        key = f"answer:{event.key}:{thread.ref}"
-        self.threads.store.owe([receipts.reply(thread, key, answer)])
-        receipts.send_owed(self.threads, [key])  # else owed: sent when a broker starts
-        return answer
 
     def _refresh(self, thread: Thread) -> None:
         """The card edited in place: the approvals so far (a settled one, by PrCards)."""
@@ -132,9 +141,8 @@ class PrDecider:
             return
         try:
             body = card_markdown(self.card_of(thread.sandbox, thread.request_id), thread)
-            key = f"card:{thread.ref}:{hashlib.sha256(body.encode()).hexdigest()[:16]}"
-            self.threads.store.owe([receipts.card_edit(thread, body, key)])
-            receipts.send_owed(self.threads, [key])
+            key = f"card:{hashlib.sha256(body.encode()).hexdigest()[:16]}"
+            self.threads.store.owe([receipts.card_edit(thread, body, key)])  # after the answer
         except BrokerError as exc:
             log.warning("the card in %s#%d was not updated: %s", thread.repo, thread.number, exc)
 

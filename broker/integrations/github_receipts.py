@@ -13,6 +13,7 @@ check run already completed so, is marked sent without being sent again.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,34 +22,58 @@ from broker.faults import fault
 from broker.integrations.github_store import Receipt, Thread
 from broker.integrations.github_threads import GitHubThreads
 
-__all__ = ["MARK", "closing_receipts", "send_owed"]
+__all__ = ["MARK", "closing_receipts", "send_owed", "unanswered"]
 
 log = logging.getLogger("broker.integrations.github")
 MARK = "<!-- broker-receipt {key} -->"
+_sending = threading.Lock()  # the cards, the poller and the web in one process: one sender
 OUTCOMES = {"applied": "success", "denied": "failure", "expired": "failure", "failed": "failure"}
 
 
-def send_owed(threads: GitHubThreads, keys: list[str] | None = None) -> int:
-    """Send the receipts still owed (of `keys`, or every one); how many were sent. One
-    GitHub does not take stays owed for the next round, and so do the later ones of
-    its thread; other threads' go on."""
-    sent, stuck = 0, set()
-    for receipt in threads.store.owed(keys):
-        thread = receipt.key.rsplit(":", 1)[0]
-        if thread in stuck:
-            continue  # in order: the outcome never says the branch is gone before it is
+def send_owed(threads: GitHubThreads, ref: str | None = None) -> int:
+    """Send the receipts still owed (of thread `ref`, or every one); how many were sent.
+    One GitHub does not take, or an answer still being decided, holds back the later
+    ones of its thread (in order: the outcome never comes before the answer or the
+    branch's deletion); other threads' go on."""
+    with _sending:
+        return _send_owed(threads, ref)
+
+
+def _send_owed(threads: GitHubThreads, ref: str | None) -> int:
+    sent, held = 0, set()
+    for receipt in threads.store.owed(ref):
+        thread = receipt.key.split("|", 1)[0]
+        if thread in held:
+            continue
+        if receipt.call == "reply" and receipt.args.get("body") is None:
+            held.add(thread)  # its words come when the decision does (PrDecider)
+            continue
         threads.store.trying(receipt.key)
         try:
             if not (receipt.tries and _arrived(threads, receipt)):
                 _send(threads, receipt)
         except BrokerError as exc:
             log.warning("a receipt in %s (%s) is still owed: %s", receipt.repo, receipt.key, exc)
-            stuck.add(thread)
+            held.add(thread)
             continue
         fault("github_receipt_sent")  # the crash tests' point: sent, not yet marked
         threads.store.sent(receipt.key)
         sent += 1
     return sent
+
+
+def unanswered(threads: GitHubThreads, before: float) -> None:
+    """Answers queued before `before` that never got their words (a broker or web server
+    died while deciding): say so, pointing at the card, which shows what was recorded."""
+    for receipt in threads.store.owed(older_than=before):
+        if receipt.call == "reply" and receipt.args.get("body") is None:
+            who = str(receipt.args.get("login") or "someone")
+            words = (
+                f"**Not answered** (@{who}): the broker stopped while deciding on this "
+                "comment; the card above shows what was recorded. If your decision is not "
+                "on it, decide again."
+            )
+            threads.store.fill(receipt.key, {**receipt.args, "body": words})
 
 
 def _send(threads: GitHubThreads, receipt: Receipt) -> None:
@@ -91,13 +116,18 @@ def _marked(receipt: Receipt) -> str:
     return f"{receipt.args['body']}\n\n{MARK.format(key=receipt.key)}"
 
 
-def reply(thread: Thread, key: str, body: str) -> Receipt:
-    return Receipt(key, thread.repo, "reply", {"number": thread.number, "body": body})
+def reply(thread: Thread, key: str, body: str | None, login: str = "") -> Receipt:
+    """A reply in the thread; `body` None queues it ahead of its words (fill them in)."""
+    args = {"number": thread.number, "body": body, "login": login}
+    return Receipt(f"{thread.ref}|{key}", thread.repo, "reply", args)
 
 
 def card_edit(thread: Thread, body: str, key: str) -> Receipt:
     return Receipt(
-        key, thread.repo, "edit_comment", {"comment_id": thread.card_comment, "body": body}
+        f"{thread.ref}|{key}",
+        thread.repo,
+        "edit_comment",
+        {"comment_id": thread.card_comment, "body": body},
     )
 
 
@@ -105,22 +135,22 @@ def closing_receipts(
     thread: Thread, card: Mapping[str, Any], card_body: str, output: Any
 ) -> list[Receipt]:
     """What a settled request's thread is owed, in the order it is sent."""
-    ref, state = thread.ref, str(card["status"])
-    owed = [card_edit(thread, card_body, f"close:{ref}:card")] if thread.card_comment else []
+    ref, state = f"{thread.ref}|close", str(card["status"])
+    owed = [card_edit(thread, card_body, "close:card")] if thread.card_comment else []
     if thread.check_run is not None and state in OUTCOMES:
         check = {
             "run": thread.check_run,
             "conclusion": OUTCOMES[state],
             "output": check_output(card),
         }
-        owed.append(Receipt(f"close:{ref}:check", thread.repo, "complete_check", check))
+        owed.append(Receipt(f"{ref}:check", thread.repo, "complete_check", check))
     closing = {"number": thread.number, "kind": thread.kind}
-    owed.append(Receipt(f"close:{ref}:close", thread.repo, "close", closing))
+    owed.append(Receipt(f"{ref}:close", thread.repo, "close", closing))
     if thread.branch:
         owed.append(
-            Receipt(f"close:{ref}:branch", thread.repo, "delete_branch", {"branch": thread.branch})
+            Receipt(f"{ref}:branch", thread.repo, "delete_branch", {"branch": thread.branch})
         )
-    owed.append(reply(thread, f"close:{ref}:outcome", outcome(card, output, thread)))
+    owed.append(reply(thread, "close:outcome", outcome(card, output, thread)))
     return owed  # the outcome last: when the thread says it, the rest is done
 
 

@@ -2,10 +2,10 @@
 
 - `github.pull_request.create`: a ref at the head the agent already pushed, on a
   broker-owned branch; nothing new is pushed.
-- `git.push` to a remote that is a GitHub repository (`git_remotes`, or a github.com
-  URL): the bundle's commit, which is only in the request, pushed with real git to
-  the broker-owned branch (effects.gitstage): the agent's unapproved change is on the
-  remote from then on, and the card says so.
+- `git.push` to a remote that is a GitHub repository (`[repositories.NAME]` with
+  `github` and `git_remotes`, or a github.com URL): the bundle's commit, which is only
+  in the request, pushed with real git to the broker-owned branch (effects.gitstage):
+  the agent's unapproved change is on the remote from then on, and the card says so.
 - anything else (S3, HTTP, email, webhooks…), and a git.push whose remote is not on
   GitHub: an issue in `issues_repo`, when one is configured.
 
@@ -151,9 +151,9 @@ class Stager:
         if effect == "github.pull_request.create":
             return str(params["repo"])
         name = str(params.get("remote") or "")
-        mapped = (self.threads.settings.git_remotes or {}).get(name)
-        if mapped:
-            return mapped
+        for table in self.config.repositories.tables:
+            if name in table.remotes and table.github:
+                return table.github
         remotes = self.config.integration("git").get("remotes") or {}
         url = str((remotes.get(name) or {}).get("url") or "")
         found = GITHUB_URL.search(url)

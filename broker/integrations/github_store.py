@@ -65,7 +65,7 @@ CREATE TABLE IF NOT EXISTS closed (
   sandbox TEXT, request_id TEXT, PRIMARY KEY (sandbox, request_id));
 CREATE TABLE IF NOT EXISTS receipts (
   seq INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT UNIQUE, repo TEXT, call TEXT, args TEXT,
-  tries INTEGER DEFAULT 0, done INTEGER DEFAULT 0);
+  tries INTEGER DEFAULT 0, done INTEGER DEFAULT 0, at REAL);
 """
 _COLUMNS = "sandbox, request_id, sha256, repo, number, head, card_comment, check_run, branch, kind"
 
@@ -179,24 +179,40 @@ class ThreadStore:
     # -- receipts
 
     def owe(self, receipts: list[Receipt]) -> None:
-        """Queue receipts, in order; one already queued under its key is not queued again."""
+        """Queue receipts, in order; one already queued under its key is not queued again.
+        A key is `<sandbox>/<id>|<what>`: a thread's receipts are sent in their order."""
+        now = REAL.time()
         with self._lock:
             self._db.executemany(
-                "INSERT OR IGNORE INTO receipts (key, repo, call, args) VALUES (?,?,?,?)",
-                [(r.key, r.repo, r.call, json.dumps(r.args)) for r in receipts],
+                "INSERT OR IGNORE INTO receipts (key, repo, call, args, at) VALUES (?,?,?,?,?)",
+                [(r.key, r.repo, r.call, json.dumps(r.args), now) for r in receipts],
             )
 
-    def owed(self, keys: list[str] | None = None) -> list[Receipt]:
-        """The receipts not sent yet (of `keys`, or all), oldest first."""
+    def fill(self, key: str, args: dict[str, Any]) -> None:
+        """Give a receipt queued ahead of its words (an answer being decided) its words."""
+        with self._lock:
+            self._db.execute(
+                "UPDATE receipts SET args = ? WHERE key = ? AND done = 0", (json.dumps(args), key)
+            )
+
+    def forget(self, key: str) -> None:
+        """Drop a receipt queued ahead that turned out to be owed nothing (not a command)."""
+        with self._lock:
+            self._db.execute("DELETE FROM receipts WHERE key = ? AND done = 0", (key,))
+
+    def owed(self, ref: str | None = None, older_than: float | None = None) -> list[Receipt]:
+        """The receipts not sent yet (of thread `ref`, or all; queued before `older_than`),
+        oldest first."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT key, repo, call, args, tries FROM receipts WHERE done = 0 ORDER BY seq"
+                "SELECT key, repo, call, args, tries FROM receipts WHERE done = 0 "
+                "AND (? IS NULL OR at < ?) ORDER BY seq",
+                (older_than, older_than),
             ).fetchall()
-        wanted = None if keys is None else set(keys)
         return [
             Receipt(key, repo, call, json.loads(args), tries)
             for key, repo, call, args, tries in rows
-            if wanted is None or key in wanted
+            if ref is None or key.startswith(f"{ref}|")
         ]
 
     def trying(self, key: str) -> None:

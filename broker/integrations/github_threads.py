@@ -6,7 +6,6 @@ keys, and the few REST calls a thread needs.
                                          # (false: only where a rule says approve_in_pr = true)
     staging_prefix = "broker/pending/"   # the only branches the broker creates
     staging_public = false               # never stage in a public repository
-    git_remotes = { origin = "acme/api" }  # git.push remotes that are GitHub repositories
     issues_repo = "acme/approvals"       # other effects' threads: an issue there
     agent_logins = ["agent-bot[bot]"]    # the agents' own accounts: never decide
     webhook_secret_env = "GITHUB_WEBHOOK_SECRET"
@@ -68,7 +67,6 @@ class ThreadSettings:
     state_dir: Path
     default_on: bool = True  # approve_in_pr's value: a rule's own approve_in_pr wins
     staging_public: bool = False
-    git_remotes: Mapping[str, str] | None = None  # git.push remote → owner/name
     issues_repo: str | None = None
 
     @property
@@ -103,7 +101,6 @@ def thread_settings(config: Config) -> ThreadSettings | None:
         config.state_dir,
         table["approve_in_pr"],
         _flag(table, "staging_public", where),
-        _remotes(table.get("git_remotes", {}), where),
         _repo_name(table.get("issues_repo"), f"{where}.issues_repo"),
     )
 
@@ -132,12 +129,6 @@ def _repo_name(value: Any, where: str) -> str | None:
     if not isinstance(value, str) or not REPO_NAME.fullmatch(value):
         raise ConfigError(f"{where}: expected a repository's owner/name")
     return value
-
-
-def _remotes(value: Any, where: str) -> dict[str, str]:
-    if not isinstance(value, Mapping):
-        raise ConfigError(f'{where}.git_remotes: expected {{ REMOTE = "owner/name" }}')
-    return {str(k): str(_repo_name(v, f"{where}.git_remotes.{k}")) for k, v in value.items()}
 
 
 class ThreadApi:

@@ -43,7 +43,6 @@ CONFIG_KEYS = frozenset(
         "webhook_secret_env",
         "webhook_secret_file",
         "poll_interval",
-        "git_remotes",
         "issues_repo",
         "credential",
     }

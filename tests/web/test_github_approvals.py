@@ -101,6 +101,8 @@ def test_an_approve_review_at_the_pushed_head_applies_once(stack: Stack) -> None
     assert len(real) == 1  # the handler opened the agent's PR, once
     assert any(r.startswith("**Approved** by alice") for r in stack.replies(thread))
     eventually(lambda: any(r.startswith("**Applied**: http") for r in stack.replies(thread)))
+    said = [r.split(" ", 1)[0] for r in stack.replies(thread)[1:]]
+    assert said == ["**Approved**", "**Applied**:"]  # the answer first, the outcome last
     assert stack.hub.thread(REPO, thread.number)["state"] == "closed"
     assert eventually(lambda: stack.hub.check_runs and not _branch(stack, rid))
 
@@ -255,7 +257,7 @@ def test_polling_with_webhooks_off(
         reviewed, second = stack.waiting("Fix y")
         stack.hub.review_as("bob-gh", second.number, second.head)
         assert stack.harness.wait(reviewed, timeout=30)["status"] == "applied"
-        assert any(r.startswith("**Approved** by bob") for r in stack.replies(second))
+        eventually(lambda: any(r.startswith("**Approved** by bob") for r in stack.replies(second)))
 
 
 def test_a_check_github_does_not_answer_decides_nothing(stack: Stack) -> None:

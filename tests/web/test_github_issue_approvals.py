@@ -6,6 +6,7 @@ broker would send), decided by the same `/broker` commands and rules."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,18 +42,8 @@ MAIL = {
 }
 
 
-@pytest.fixture
-def stack(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    served: tuple[Switch, WebServer],
-    smtp_plain: SMTP,
-) -> Iterator[Stack]:
-    """acme/api and acme/approvals on the stand-in, email through a local SMTP server."""
-    monkeypatch.setenv(TOKEN_ENV, TOKEN)
-    monkeypatch.setenv(SECRET_ENV, SECRET)
-    controller, _ = smtp_plain
-    email = {
+def email_table(controller: Any) -> dict[str, Any]:
+    return {
         "host": "127.0.0.1",
         "port": controller.port,
         "security": "none",
@@ -60,11 +51,34 @@ def stack(
         "allow_domains": ["example.com"],
         "timeout": "5s",
     }
-    with serving(tmp_path, served, POLICY, {"email": email}, issues_repo=ISSUES) as running:
+
+
+@contextmanager
+def issues(
+    tmp_path: Path, served: tuple[Switch, WebServer], smtp: SMTP, **github: Any
+) -> Iterator[Stack]:
+    """acme/api and acme/approvals on the stand-in, email through a local SMTP server."""
+    with serving(
+        tmp_path, served, POLICY, {"email": email_table(smtp[0])}, issues_repo=ISSUES, **github
+    ) as running:
         seed_repo(tmp_path / "approvals.git", {"README.md": "approvals\n"})
         running.hub.add_repo(ISSUES, tmp_path / "approvals.git")
         for login, level in PEOPLE.items():
             running.hub.permissions[(ISSUES, login)] = level
+        yield running
+
+
+@pytest.fixture
+def stack(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    served: tuple[Switch, WebServer],
+    smtp_plain: SMTP,
+) -> Iterator[Stack]:
+    """Webhooks on."""
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    with issues(tmp_path, served, smtp_plain) as running:
         yield running
 
 
@@ -127,3 +141,25 @@ def test_a_denied_email_closes_its_issue_and_a_rule_can_keep_one_out(
     stack.cards.drain()
     assert stack.cards.threads.store.by_request("default", kept) is None
     assert inbox.messages == []
+
+
+def test_an_issue_thread_is_read_by_polling(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    served: tuple[Switch, WebServer],
+    smtp_plain: SMTP,
+) -> None:
+    """Webhooks off, poll_interval on: alice's comment in the issue is read and sends
+    the email; the issue is answered and closed."""
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    _, inbox = smtp_plain
+    with issues(tmp_path, served, smtp_plain, webhook_secret_env=None, poll_interval="1s") as stack:
+        rid = mail(stack)
+        thread = stack.thread_of(rid)
+        stack.hub.comment_as(
+            "alice-gh", ISSUES, thread.number, f"/broker approve {thread.sha256[:16]}"
+        )
+        assert stack.harness.wait(rid, timeout=30)["status"] == "applied"
+        eventually(lambda: any(r.startswith("**Applied**") for r in stack.replies(thread)))
+        assert len(inbox.messages) == 1
+        assert stack.hub.thread(ISSUES, thread.number)["state"] == "closed"

@@ -54,7 +54,12 @@ def push_stack(tmp_path: Path, served: tuple[Switch, WebServer], **github: Any) 
         "protected_branches": ["main", "release/*"],
     }
     with serving(
-        tmp_path, served, POLICY, {"git": git_table}, git_remotes={"origin": REPO}, **github
+        tmp_path,
+        served,
+        POLICY,
+        {"git": git_table},
+        repositories={"api": {"github": REPO, "git_remotes": ["origin"]}},
+        **github,
     ) as stack:
         yield stack
 

@@ -16,7 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from broker.clock import REAL
+from broker.integrations.github_receipts import reply, send_owed, unanswered
 from broker.integrations.github_store import Thread, ThreadStore
+from broker.integrations.github_threads import GitHubThreads, ThreadSettings
 from tests.effects.github.fake import commit_on, seed_repo
 from tests.effects.github.fake_reviews import ReviewingGitHub, comment_payload, delivery
 from tests.effects.github.support import REPO, SEED, TOKEN, TOKEN_ENV
@@ -196,3 +199,31 @@ def test_a_request_denied_while_no_broker_ran(site: Site) -> None:
         assert second.stop(signal.SIGTERM) == 0, second.seen
     finally:
         second.close()
+
+
+def test_an_answer_cut_off_by_a_crash_is_said_and_holds_the_outcome_back(
+    tmp_path: Path,
+) -> None:
+    """An answer queued ahead of its words holds back the thread's later receipts (the
+    outcome never comes first); one left so by a crash is told as not answered, at the
+    next start, and the outcome follows it."""
+    remote = tmp_path / "api.git"
+    seed_repo(remote, SEED)
+    with ReviewingGitHub(token=TOKEN) as hub:
+        hub.add_repo(REPO, remote)
+        settings = ThreadSettings(
+            hub.url, TOKEN, "broker/pending/", frozenset(), None, {}, tmp_path
+        )
+        threads = GitHubThreads(settings)
+        try:
+            number = threads.api.issue(REPO, "[broker] email.send: x", "the card follows")
+            thread = Thread("default", "r1", "a" * 64, REPO, number, "", 1, kind="issue")
+            threads.store.owe([reply(thread, "answer:comment:9:created", None, "alice-gh")])
+            threads.store.owe([reply(thread, "close:outcome", "**Denied**: no.")])
+            assert send_owed(threads) == 0 and hub.replies(REPO, number) == []
+            unanswered(threads, before=REAL.time() + 1)
+            assert send_owed(threads) == 2
+        finally:
+            threads.close()
+        first, second = hub.replies(REPO, number)
+    assert first.startswith("**Not answered** (@alice-gh)") and second.startswith("**Denied**:")

@@ -112,11 +112,13 @@ def serving(
     integrations: dict[str, Any] | None = None,
     credentials: dict[str, Any] | None = None,
     app: tuple[int, str, int] | None = None,
+    repositories: dict[str, Any] | None = None,
     **github: Any,
 ) -> Iterator[Stack]:
     """The stand-in with acme/api (private), a serving broker, its web app plugged in;
     `github` overrides [integrations.github]'s keys (None removes one); `app` is the
-    stand-in's GitHub App (id, public key, installation) for `credentials` to mint with."""
+    stand-in's GitHub App (id, public key, installation) for `credentials` to mint with;
+    `repositories` is `[repositories.*]` (which git remote is which GitHub repository)."""
     remote = tmp_path / "api.git"
     seed_repo(remote, SEED)
     commit_on(remote, "agent/fix", {"src/app.py": b"x = 2\n"}, start="main")
@@ -143,7 +145,7 @@ def serving(
             credentials=credentials,
             clock=FakeClock(),
         )
-        config = replace(harness.config, approvers=APPROVERS)
+        config = replace(harness.config, approvers=APPROVERS, repositories_table=repositories or {})
         attached: list[PrCards] = []
 
         def prepare(broker: Any) -> None:
