@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker.config import Config
 from broker.context import opened
-from broker.errors import BrokerError
+from broker.errors import BrokerError, EffectFailed
 from broker.integrations.github_store import Thread
 from broker.integrations.github_threads import APPROVAL_EFFECTS, GitHubThreads, ThreadSettings
 
@@ -80,7 +80,7 @@ class Stager:
         sha256 = str(card["request_sha256"])
         title = str((card.get("what") or {}).get("title") or record.effect)
         if pull is not None:
-            number = api.draft(pull.repo, pull.branch, pull.base, f"[broker] {title}", DRAFT_BODY)
+            number = self._draft(pull, f"[broker] {title}")
             return Thread(
                 record.sandbox,
                 record.id,
@@ -97,6 +97,19 @@ class Stager:
             number = api.issue(repo, f"[broker] {record.effect}: {title}"[:250], ISSUE_BODY)
             return Thread(record.sandbox, record.id, sha256, repo, number, "", 0, kind="issue")
         return None
+
+    def _draft(self, pull: _Pull, title: str) -> int:
+        """The draft from the staging branch; one a crash left open is the same draft."""
+        api = self.threads.api
+        try:
+            return api.draft(pull.repo, pull.branch, pull.base, title, DRAFT_BODY)
+        except EffectFailed as exc:
+            if (
+                " 422 " not in str(exc)
+                or (number := api.open_draft(pull.repo, pull.branch)) is None
+            ):
+                raise
+            return number
 
     def finish(self, card: Mapping[str, Any], thread: Thread, keep: Keep) -> None:
         """Post what an opened thread still lacks, keeping each step as it is done: the
@@ -117,7 +130,13 @@ class Stager:
             thread = replace(thread, card_comment=int(comment["id"]))
             keep(thread)
         if thread.kind == "pull" and thread.check_run is None:
-            run = api.check_run(thread.repo, thread.head, check_output(card))
+            mine = f"request {thread.sha256[:12]}:"  # a run a crash left unrecorded
+            runs = [
+                int(r["id"])
+                for r in api.check_runs(thread.repo, thread.head)
+                if str((r.get("output") or {}).get("title") or "").startswith(mine)
+            ]
+            run = runs[0] if runs else api.check_run(thread.repo, thread.head, check_output(card))
             keep(replace(thread, check_run=run))
 
     def _stage(self, card: Mapping[str, Any], record: Record) -> _Pull | None:
@@ -132,9 +151,18 @@ class Stager:
         self._may_stage(branch, params)
         if record.effect == "github.pull_request.create":
             head = self.threads.api.branch_sha(repo, str(params["head"]))
-            self.threads.api.create_branch(repo, branch, head)
+            self._ref(repo, branch, head)
             return _Pull(repo, head, str(params["base"]), branch)
         return self._push(record, params, repo, branch)
+
+    def _ref(self, repo: str, branch: str, head: str) -> None:
+        """The staging ref at `head`; one a crash left there already is the same ref."""
+        api = self.threads.api
+        try:
+            api.create_branch(repo, branch, head)
+        except EffectFailed as exc:
+            if " 422 " not in str(exc) or api.branch_sha(repo, branch) != head:
+                raise
 
     def _push(self, record: Record, params: dict[str, Any], repo: str, branch: str) -> _Pull:
         from effects.git import GitPush

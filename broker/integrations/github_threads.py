@@ -201,6 +201,18 @@ class ThreadApi:
         fields = {"title": title, "head": head, "base": base, "draft": True, "body": body}
         return int(self.call("POST", f"/repos/{repo}/pulls", fields)["number"])
 
+    def open_draft(self, repo: str, head: str) -> int | None:
+        """The open pull request from branch `head` of `repo`, if there is one."""
+        owner = repo.split("/", 1)[0]
+        found = self.call("GET", f"/repos/{repo}/pulls?state=open&head={quote(owner + ':' + head)}")
+        return int(found[0]["number"]) if found else None
+
+    def check_runs(self, repo: str, sha: str) -> list[dict[str, Any]]:
+        """The `broker/approval` check runs on commit `sha`."""
+        query = f"check_name={quote(CHECK_NAME, safe='')}&per_page=100"
+        found = self.call("GET", f"/repos/{repo}/commits/{sha}/check-runs?{query}")
+        return list(found.get("check_runs") or [])
+
     def issue(self, repo: str, title: str, body: str) -> int:
         fields = {"title": title, "body": body}
         return int(self.call("POST", f"/repos/{repo}/issues", fields)["number"])
@@ -244,6 +256,8 @@ THREAD_CALLS = {
     "create_branch": ("POST", "/repos/{owner}/{repo}/git/refs"),
     "delete_branch": ("DELETE", "/repos/{owner}/{repo}/git/refs/{ref}"),
     "draft": ("POST", "/repos/{owner}/{repo}/pulls"),
+    "open_draft": ("GET", "/repos/{owner}/{repo}/pulls"),
+    "check_runs": ("GET", "/repos/{owner}/{repo}/commits/{ref}/check-runs"),
     "issue": ("POST", "/repos/{owner}/{repo}/issues"),
     "close_pull": ("PATCH", "/repos/{owner}/{repo}/pulls/{pull_number}"),
     "close_issue": ("PATCH", "/repos/{owner}/{repo}/issues/{issue_number}"),

@@ -272,3 +272,26 @@ def test_a_check_github_does_not_answer_decides_nothing(stack: Stack) -> None:
     assert stack.status(rid) == "pending"
     stack.comment(thread, "alice-gh", f"/broker approve {thread.sha256[:16]}")
     assert stack.harness.wait(rid)["status"] == "applied"
+
+
+def test_a_thread_half_opened_before_a_crash_is_reused(stack: Stack) -> None:
+    """What a broker that died mid-way through opening left (the staging branch at the
+    agent's head and its draft) is taken up again: one draft, the card on it, a check."""
+    from tests.effects.github.fake import git
+
+    rid = "halfopen1"
+    branch = f"broker/pending/{rid}"
+    remote = stack.hub.repos[REPO].git_dir
+    git(remote, "update-ref", f"refs/heads/{branch}", git(remote, "rev-parse", "agent/fix").strip())
+    left = stack.cards.threads.api.draft(REPO, branch, "main", "[broker] Fix x", "left over")
+    doc = {
+        "version": 1,
+        "id": rid,
+        "effect": "github.pull_request.create",
+        "params": {"repo": REPO, "head": "agent/fix", "base": "main", "title": "Fix x"},
+    }
+    assert stack.harness.submit(doc, terminal=False)["status"] == "pending"
+    thread = stack.thread_of(rid)
+    assert thread.number == left and thread.branch == branch
+    assert [p["number"] for p in stack.hub.pulls(REPO)] == [left]
+    assert len(stack.replies(thread)) == 1 and thread.sha256 in stack.replies(thread)[0]

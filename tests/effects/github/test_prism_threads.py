@@ -30,6 +30,8 @@ CASES: dict[str, Callable[[ThreadApi], object]] = {
     "create_branch": lambda api: api.create_branch(REPO, "broker/pending/r1", SHA),
     "delete_branch": lambda api: api.delete_branch(REPO, "broker/pending/r1"),
     "draft": lambda api: api.draft(REPO, "broker/pending/r1", "main", "[broker] t", "b"),
+    "open_draft": lambda api: api.open_draft(REPO, "broker/pending/r1"),
+    "check_runs": lambda api: api.check_runs(REPO, SHA),
     "issue": lambda api: api.issue(REPO, "[broker] s3.put_object: put", "the card follows"),
     "close_pull": lambda api: api.close_pull(REPO, 7),
     "close_issue": lambda api: api.close_issue(REPO, 7),
