@@ -196,14 +196,14 @@ class ServeSite:
 class Serving:
     """A `broker serve` process, its stderr read line by line on a thread."""
 
-    def __init__(self, home: Path, *args: str) -> None:
+    def __init__(self, home: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
             [str(BROKER), "serve", *args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            env=clean_env(home),
+            env=clean_env(home, env),
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []

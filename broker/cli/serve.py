@@ -202,6 +202,7 @@ def _run_options(
     (when stdin is one and the run is not detached)."""
     from broker.cli.prompt import Prompt
     from broker.hosting.runner import RunOptions
+    from broker.integrations.github_cards import on_broker
 
     if workspace is not None and not workspace.is_dir():
         fail(f"--workspace {workspace}: not a directory")
@@ -215,5 +216,6 @@ def _run_options(
         on_pending=prompt,
         notifier=d.notifier,
         say=lambda text: err.print(terminal(text), highlight=False),
+        on_broker=on_broker(d.cfg),  # GitHub's threads, when approve_in_pr is set
     )
     return options, prompt

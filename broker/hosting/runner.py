@@ -22,7 +22,7 @@ from broker.hosting import images, sandbox
 from broker.hosting.runtimes import open_runtime
 from broker.hosting.runtimes.base import Handle, Runtime
 from broker.hosting.runtimes.spec import sandbox_spec
-from broker.hosting.serving import Serving
+from broker.hosting.serving import OnBroker, Serving
 from broker.models import Record
 from broker.policy.ruleset import Policy
 from broker.registry import Registry
@@ -35,6 +35,7 @@ class RunOptions:
     command: Sequence[str]
     image: str | None = None
     name: str | None = None
+    on_broker: OnBroker | None = None  # observers for the broker run starts (GitHub threads)
     workspace: Path | None = None
     detach: bool = False
     on_pending: Callable[[Record], None] | None = None
@@ -111,6 +112,7 @@ def _run(
         registry,
         policy,
         sandbox_id,
+        on_broker=options.on_broker,
         on_pending=options.on_pending,
         notifier=options.notifier,
         say=options.say,

@@ -23,6 +23,9 @@ from broker.registry import Registry
 from broker.store.factory import open_store
 
 log = logging.getLogger("broker.run")
+OnBroker = Callable[[Broker], Callable[[], None] | None]
+"""Called with a broker this process runs, before it serves; what it returns is called
+after that broker stops (a surface's observers: broker.integrations.github_cards)."""
 TAKEOVER_S = 30.0  # how long to try to become the owner when the owner went away
 
 
@@ -37,6 +40,7 @@ class Serving:
         sandbox_id: str,
         *,
         on_pending: Callable[[Record], None] | None = None,
+        on_broker: OnBroker | None = None,
         notifier: Notifier | None = None,
         say: Callable[[str], None] = print,
     ) -> None:
@@ -45,6 +49,7 @@ class Serving:
         self.policy = policy
         self.sandbox_id = sandbox_id
         self.on_pending = on_pending
+        self.on_broker = on_broker
         self.notifier = notifier
         self.say = say
         self.broker: Broker | None = None
@@ -54,6 +59,7 @@ class Serving:
         self._failure: list[BaseException] = []
         self._lock = threading.Lock()
         self._finishing = False
+        self._detach: Callable[[], None] | None = None
 
     @property
     def owner(self) -> bool:
@@ -114,6 +120,8 @@ class Serving:
         broker.lock.acquire(broker.command)  # StateBusy: someone else owns it
         try:
             broker.add(from_layout(self.config.sandboxes_dir, self.sandbox_id))
+            if self.on_broker is not None:  # what a surface attaches (GitHub's threads)
+                self._detach = self.on_broker(broker)
         except BaseException:
             broker.lock.release()
             broker.ledger.close()
@@ -147,6 +155,9 @@ class Serving:
         self._stop.set()
         self.broker.wake()
         self._thread.join(120)
+        if self._detach is not None:  # after the broker: its last observers have run
+            self._detach()
+            self._detach = None
         if self._failure:
             raise self._failure[0]
 

@@ -34,6 +34,7 @@ class Served:
     _broker: Any = None
     _failure: list[BaseException] = field(default_factory=list)
     _client: Any = None  # the control connection to the owner, when it serves us
+    _cards: Any = None  # the GitHub threads' observer (broker.integrations.github_cards)
 
     @property
     def own_broker(self) -> bool:
@@ -66,6 +67,9 @@ class Served:
             self._web.stop()
         self._thread.join(120)
         self._thread = None
+        if self._cards is not None:  # after the broker: its last observers have run
+            self._cards.close()
+            self._cards = None
 
 
 def serve(config: Config, sandbox_id: str) -> Served:
@@ -100,6 +104,7 @@ def _own_broker(config: Config, paths: sandbox.SandboxPaths) -> Served:
     notifications (and the web inbox, when [web] listen says so)."""
     from broker.approval.notify import attach as attach_notifier
     from broker.intake.outbox import from_layout
+    from broker.integrations.github_cards import attach_pr_cards
     from broker.loop.pipeline import Broker
     from broker.policy.ruleset import load_policy
     from broker.registry import default_registry
@@ -111,7 +116,8 @@ def _own_broker(config: Config, paths: sandbox.SandboxPaths) -> Served:
     broker = Broker(config, registry, policy)
     broker.add(from_layout(config.sandboxes_dir, paths.sandbox_id))
     attach_notifier(broker, config)
-    served = Served(config, paths, threading.Event(), _broker=broker)
+    cards = attach_pr_cards(broker, config)  # GitHub threads, when approve_in_pr is set
+    served = Served(config, paths, threading.Event(), _broker=broker, _cards=cards)
     ready = threading.Event()
     stop = served._stop
     assert stop is not None

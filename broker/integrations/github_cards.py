@@ -1,16 +1,16 @@
-"""The pull request is the card: a waiting `github.pull_request.create` is staged as a
-draft pull request on a broker-owned branch, with a bot comment that is the card, and a
-Check Run `broker/approval` on its head; once the request settles, the card is updated
-in place, the thread is told the outcome, the check is completed and the staging
-branch is deleted.
+"""The pull request (or issue) is the card: a waiting request's thread is opened
+(broker.integrations.github_staging: a draft pull request on a broker-owned branch with
+a `broker/approval` Check Run on its head, or an issue in `issues_repo`), its first
+comment is the card; once the request settles, the thread is owed its receipts (the
+card updated in place, the outcome, the check completed, the draft or issue closed,
+the staging branch deleted), queued and sent once (broker.integrations.github_receipts).
 
-Staging pushes nothing new: the branch is a ref at the head the agent already pushed
-(`git.push` requests, whose commits are only in their bundle, are not staged yet). It
-is created only under `staging_prefix`, never on the request's base, and never in a
-public repository unless `staging_public = true`.
-
-`PrCards.observe` is a results observer (the serving broker's `on_change`); the GitHub
-calls run on its own thread and a failure is logged, never raised into the loop.
+`PrCards.observe` is a results observer on any broker that serves requests (`broker
+serve`, `broker run`, an embedded executor's broker): `attach_pr_cards` adds it. Its
+GitHub calls run on its own thread; a failure is logged, never raised into the loop.
+When it starts it catches up from the ledger: a thread whose request settled while no
+broker watched is owed its receipts, a waiting request with no thread gets one, and
+receipts a crash left owed are sent.
 """
 
 from __future__ import annotations
@@ -19,52 +19,70 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from broker.approval.decisions import Ballot, Tally, decide_and_wake
-from broker.clock import parse_duration
+from broker.clock import REAL, parse_duration
 from broker.config import Config
 from broker.errors import BrokerError
 from broker.integrations.github_decisions import PrDecider, card_markdown
 from broker.integrations.github_poll import Poller
-from broker.integrations.github_threads import CHECK_NAME, GitHubThreads, Thread, thread_settings
+from broker.integrations.github_receipts import closing_receipts, send_owed, unanswered
+from broker.integrations.github_staging import Stager, thread_kind
+from broker.integrations.github_store import Thread
+from broker.integrations.github_threads import CHECK_NAME, GitHubThreads
 from broker.store.factory import open_store
 
 if TYPE_CHECKING:
     from broker.loop.pipeline import Broker
     from broker.models import Record
+    from broker.registry import Registry
+    from broker.store.base import Store
 
-__all__ = ["CHECK_NAME", "PrCards", "attach_pr_cards", "card_markdown"]
+__all__ = ["CHECK_NAME", "PrCards", "attach_pr_cards", "card_markdown", "on_broker"]
 
 log = logging.getLogger("broker.integrations.github")
-OUTCOMES = {"applied": "success", "denied": "failure", "expired": "failure", "failed": "failure"}
+Job = tuple[str, Any, Any]
 
 
 class PrCards:
     """Opens the thread of a waiting request and closes it once the request settles."""
 
-    def __init__(self, threads: GitHubThreads, staging_public: bool = False) -> None:
+    def __init__(self, threads: GitHubThreads, config: Config, registry: Registry) -> None:
         self.threads = threads
-        self.staging_public = staging_public
+        self.stager = Stager(threads, config, registry)
         self.poller: Poller | None = None  # when [integrations.github] poll_interval is set
-        self._queue: queue.Queue[tuple[str, dict[str, Any], Any] | None] = queue.Queue()
+        self._queue: queue.Queue[Job | None] = queue.Queue()
         self._worker = threading.Thread(target=self._run, name="broker-github", daemon=True)
         self._worker.start()
 
-    def observe(self, ledger: Any, record: Record, registry: Any) -> None:
+    def observe(self, ledger: Store, record: Record, registry: Registry) -> None:
         """A results observer: queue the thread's opening or closing."""
-        if record.effect != "github.pull_request.create":
-            return
-        said = (record.verdict or {}).get("approve_in_pr")
-        if not (self.threads.settings.default_on if said is None else said):
-            return
         from broker.approval.decisions import card
 
         if record.state == "pending":
-            self._queue.put(("open", card(ledger, record, registry), record.envelope))
+            if thread_kind(self.threads.settings, record) is not None:
+                self._queue.put(("open", card(ledger, record, registry), record))
         elif record.terminal and self.threads.store.by_request(*record.key):
             self._queue.put(("close", card(ledger, record, registry), record.output))
+
+    def catch_up(self, ledger: Store, registry: Registry) -> None:
+        """What happened while no broker watched: queue it (called as the broker starts)."""
+        from broker.approval.decisions import card
+
+        # receipts a crash left unsent, first; answers queued a minute before this start
+        # and still without words were being decided when a broker or web server died
+        self._queue.put(("owed", None, REAL.time() - 60))
+        for thread in self.threads.store.all():
+            if self.threads.store.closed(thread.sandbox, thread.request_id):
+                continue
+            record = ledger.get(thread.sandbox, thread.request_id)
+            if record is not None and record.terminal:
+                self._queue.put(("close", card(ledger, record, registry), record.output))
+        for record in ledger.in_states(["pending"]):
+            opened = self.threads.store.by_request(*record.key)
+            if opened is None or not opened.card_comment or _unchecked(opened):
+                self.observe(ledger, record, registry)  # opened, or finished opening
 
     def close(self, timeout: float = 5.0) -> None:
         if self.poller is not None:
@@ -77,7 +95,7 @@ class PrCards:
     def drain(self, timeout: float = 5.0) -> None:
         """Wait until every queued opening and closing is done (tests, shutdown)."""
         done = threading.Event()
-        self._queue.put(("mark", {"event": done}, None))
+        self._queue.put(("mark", done, None))
         done.wait(timeout)
 
     def _run(self) -> None:
@@ -85,83 +103,75 @@ class PrCards:
             what, card, extra = item
             try:
                 if what == "mark":
-                    card["event"].set()
+                    card.set()
                 elif what == "open":
                     self._open(card, extra)
-                else:
+                elif what == "close":
                     self._close(card, extra)
+                else:
+                    unanswered(self.threads, before=extra)
+                    send_owed(self.threads)
+            except BrokerError as exc:  # a refusal (a protected branch) or GitHub's answer
+                ref = card.get("ref") if isinstance(card, Mapping) else what
+                log.warning("the GitHub thread of %s was not updated: %s", ref, exc)
             except Exception:  # an observer never breaks anything
-                log.exception("the pull request card for %s was not updated", card.get("ref"))
+                ref = card.get("ref") if isinstance(card, Mapping) else what
+                log.exception("the GitHub thread of %s was not updated", ref)
 
-    def _open(self, card: Mapping[str, Any], envelope: Mapping[str, Any]) -> None:
-        sandbox, request_id = str(card["sandbox"]), str(card["id"])
-        if self.threads.store.by_request(sandbox, request_id) is not None:
-            return
-        params = envelope.get("params") or {}
-        repo, head, base = str(params["repo"]), str(params["head"]), str(params["base"])
-        api = self.threads.api
-        if not self.staging_public and not api.private(repo):
-            log.warning("%s is public: no staging branch (staging_public = false)", repo)
-            return
-        sha = api.branch_sha(repo, head)
-        branch = f"{self.threads.settings.staging_prefix}{request_id}"
-        if branch == base:
-            raise BrokerError(f"the staging branch {branch} would be the request's base")
-        api.create_branch(repo, branch, sha)
-        title = str((card.get("what") or {}).get("title") or params.get("title"))
-        body = "Staged by the broker for approval; the card is the first comment."
-        number = api.draft(repo, branch, base, f"[broker] {title}", body)
-        sha256 = str(card["request_sha256"])
-        shown = Thread(sandbox, request_id, sha256, repo, number, sha, 0, None, branch)
-        comment = api.reply(repo, number, card_markdown(card, shown))
-        check = api.check_run(repo, sha, _check_output(card))
-        self.threads.store.add(replace(shown, card_comment=int(comment["id"]), check_run=check))
+    def _open(self, card: Mapping[str, Any], record: Record) -> None:
+        thread = self.threads.store.by_request(record.sandbox, record.id)
+        if thread is None:
+            thread = self.stager.open(card, record)
+            if thread is None:
+                return
+            self.threads.store.add(thread)  # kept as it is opened: a restart finishes it
+        self.stager.finish(card, thread, self.threads.store.add)
 
     def _close(self, card: Mapping[str, Any], output: Any) -> None:
         thread = self.threads.store.by_request(str(card["sandbox"]), str(card["id"]))
-        assert thread is not None
+        if thread is None:
+            return
+        # owed first, then closed: a crash in between leaves receipts owed, never lost
+        # (their keys make a second closing owe nothing more)
+        self.threads.store.owe(closing_receipts(thread, card, card_markdown(card, thread), output))
         self.threads.store.close_thread(thread.sandbox, thread.request_id)
-        api, state = self.threads.api, str(card["status"])
-        api.edit_comment(thread.repo, thread.card_comment, card_markdown(card, thread))
-        if thread.check_run is not None and state in OUTCOMES:
-            api.complete_check(thread.repo, thread.check_run, OUTCOMES[state], _check_output(card))
-        api.reply(thread.repo, thread.number, _outcome(card, output))
-        api.close_pull(thread.repo, thread.number)
-        if thread.branch:
-            api.delete_branch(thread.repo, thread.branch)
+        send_owed(self.threads, thread.ref)
 
 
-def _check_output(card: Mapping[str, Any]) -> dict[str, str]:
-    return {
-        "title": f"request {str(card['request_sha256'])[:12]}: {card['status']}",
-        "summary": f"{card['effect']} {card['ref']}: {card.get('reason') or 'waiting'}",
-    }
-
-
-def _outcome(card: Mapping[str, Any], output: Any) -> str:
-    state = str(card["status"])
-    if state == "applied":
-        url = output.get("url") or output.get("html_url") if isinstance(output, Mapping) else None
-        return f"**Applied**: {url or 'done'}. The staging branch is deleted."
-    if state == "expired":
-        return f"**Expired**: nobody decided in time ({card.get('reason') or ''})."
-    return f"**{state.capitalize()}**: {card.get('reason') or ''}. The staging branch is deleted."
+def _unchecked(thread: Thread) -> bool:
+    return thread.kind == "pull" and thread.check_run is None
 
 
 def attach_pr_cards(broker: Broker, config: Config) -> PrCards | None:
-    """Open pull request cards for `broker`'s waiting requests, as [integrations.github] says."""
-    settings = thread_settings(config)
-    if settings is None:
+    """Open GitHub threads for `broker`'s waiting requests, as [integrations.github] says;
+    the caller closes what this returns after the broker stops (its last observers ran)."""
+    threads = GitHubThreads.of(config)
+    if threads is None:
         return None
-    table = config.integrations.get("github") or {}
-    cards = PrCards(GitHubThreads(settings), bool(table.get("staging_public", False)))
+    log.info("GitHub approval threads: %s", threads.tokens.kind)
+    cards = PrCards(threads, config, broker.registry)
     broker.on_change.append(lambda record: cards.observe(broker.ledger, record, broker.registry))
+    cards.catch_up(broker.ledger, broker.registry)
+    table = config.integrations.get("github") or {}
     if table.get("poll_interval") is not None:
         interval = parse_duration(table["poll_interval"])
-        decider = PrDecider(GitHubThreads(settings), _decider(config), _card_of(broker))
+        polled = GitHubThreads.of(config)
+        assert polled is not None
+        decider = PrDecider(polled, _decider(config), _card_of(broker))
         cards.poller = Poller(decider, interval)
         cards.poller.start()
     return cards
+
+
+def on_broker(config: Config) -> Callable[[Broker], Callable[[], None] | None]:
+    """`attach_pr_cards` for a broker a host runs (broker.hosting.serving's on_broker):
+    what it returns closes the threads' observer after that broker stops."""
+
+    def attach(broker: Broker) -> Callable[[], None] | None:
+        cards = attach_pr_cards(broker, config)
+        return None if cards is None else cards.close
+
+    return attach
 
 
 def _card_of(broker: Broker) -> Callable[[str, str], Mapping[str, Any]]:

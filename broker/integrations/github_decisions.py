@@ -26,7 +26,9 @@ from typing import Any
 
 from broker.approval.decisions import Ballot, Tally
 from broker.errors import BrokerError, DecisionError
-from broker.integrations.github_threads import GitHubThreads, Thread
+from broker.integrations import github_receipts as receipts
+from broker.integrations.github_store import Thread
+from broker.integrations.github_threads import GitHubThreads
 
 __all__ = ["Command", "Event", "PrDecider", "card_markdown", "parse_command"]
 
@@ -34,6 +36,7 @@ log = logging.getLogger("broker.integrations.github")
 COMMAND = re.compile(r"\A\s*/broker\s+(approve|deny)\b[ \t]*(.*)\Z", re.S)
 PREFIX = re.compile(r"[0-9a-fA-F]{12,64}")
 FENCE = "~~~~"
+CARD_MARK = "<!-- broker-card {sha256} -->"
 
 
 @dataclass(frozen=True)
@@ -102,43 +105,50 @@ class PrDecider:
             return None
         if event.comment_id and not self.threads.store.first_look(event.key):
             return None  # the webhook and the poller both saw it: it is looked at once
+        # the answer is queued before the decision: the thread's outcome never comes first
+        key = f"{thread.ref}|answer:{event.key}"
+        self.threads.store.owe([receipts.reply(thread, f"answer:{event.key}", None, event.login)])
+        answer = self._answer(thread, event)
+        if answer is None:
+            self.threads.store.forget(key)
+        else:
+            self.threads.store.fill(key, {"number": thread.number, "body": answer})
+        receipts.send_owed(self.threads, thread.ref)  # else owed: sent when a broker starts
+        return answer
+
+    def _answer(self, thread: Thread, event: Event) -> str | None:
+        """Decide on `event`; what the thread is told (None: it was not a command)."""
         try:
             ballot = self._ballot(thread, event)
             if ballot is None:
                 return None
             tally = self.decide(ballot)
-            answer = _receipt(tally, ballot)
             if not tally.settled:
                 self._refresh(thread)
+            return _receipt(tally, ballot)
         except (Refusal, DecisionError) as exc:
-            answer = f"**Refused** (@{event.login}): {exc}\n\nNothing was decided."
+            return f"**Refused** (@{event.login}): {exc}\n\nNothing was decided."
         except BrokerError as exc:  # GitHub did not answer a check: this one is not retried
             log.warning("a decision in %s#%d was not taken: %s", thread.repo, thread.number, exc)
-            answer = (
+            return (
                 f"**Not recorded** (@{event.login}): the broker could not check this with "
                 "GitHub just now. Nothing was decided; comment or review again."
             )
-        try:
-            self.threads.api.reply(thread.repo, thread.number, answer)
-        except BrokerError as exc:  # the decision stands; the card says it too
-            log.warning("could not answer in %s#%d: %s", thread.repo, thread.number, exc)
-        return answer
 
     def _refresh(self, thread: Thread) -> None:
         """The card edited in place: the approvals so far (a settled one, by PrCards)."""
         if self.card_of is None:
             return
         try:
-            card = self.card_of(thread.sandbox, thread.request_id)
-            self.threads.api.edit_comment(
-                thread.repo, thread.card_comment, card_markdown(card, thread)
-            )
+            body = card_markdown(self.card_of(thread.sandbox, thread.request_id), thread)
+            key = f"card:{hashlib.sha256(body.encode()).hexdigest()[:16]}"
+            self.threads.store.owe([receipts.card_edit(thread, body, key)])  # after the answer
         except BrokerError as exc:
             log.warning("the card in %s#%d was not updated: %s", thread.repo, thread.number, exc)
 
     def _ballot(self, thread: Thread, event: Event) -> Ballot | None:
         if event.kind == "review":
-            if event.review_state != "APPROVED":
+            if event.review_state != "APPROVED" or thread.kind == "issue":
                 return None
             self._who(thread, event)
             if event.commit_id != thread.head:
@@ -197,6 +207,8 @@ class PrDecider:
             )
 
     def _head_unmoved(self, thread: Thread) -> None:
+        if thread.kind == "issue":
+            return  # nothing was pushed: the digest on the card is the whole binding
         head = self.threads.api.head(thread.repo, thread.number)
         if head != thread.head:
             raise Refusal(
@@ -249,7 +261,7 @@ def card_markdown(card: Mapping[str, Any], thread: Thread) -> str:
     have = (card.get("approvals") or {}).get("have") or []
     need = (card.get("approvals") or {}).get("needed", 1)
     lines = [
-        f"<!-- broker-card {thread.sha256} -->",
+        CARD_MARK.format(sha256=thread.sha256),
         f"### Broker approval: `{card.get('effect')}` ({card.get('status')})",
         "",
         f"**What**: {what.get('title', '')}",
@@ -263,17 +275,52 @@ def card_markdown(card: Mapping[str, Any], thread: Thread) -> str:
         _quoted(str(card.get("agent_reason") or "(none)")),
         "",
     ]
+    if thread.kind == "issue":
+        lines += _artefact(what)
     if thread.branch:
-        lines.append(
-            f"The broker created branch `{thread.branch}` at `{thread.head[:12]}` for this "
-            "review; it is deleted when the request is decided or expires."
-        )
+        lines.append(_staged(card, thread))
     if card.get("status") == "pending":
+        review = (
+            f"an **Approve** review of commit `{thread.head[:12]}`, or "
+            if thread.kind == "pull"
+            else ""
+        )
         lines += [
-            f"To approve: an **Approve** review of commit `{thread.head[:12]}`, or comment "
-            f"`/broker approve {thread.sha256[:16]} [reason]`.",
+            f"To approve: {review}comment `/broker approve {thread.sha256[:16]} [reason]`.",
             "To deny: comment `/broker deny <reason>` (the agent reads the reason).",
         ]
     else:
         lines.append(f"Decided by {card.get('decided_by') or '-'}: {card.get('reason') or ''}")
     return "\n".join(lines)
+
+
+def _staged(card: Mapping[str, Any], thread: Thread) -> str:
+    """What the staging branch is, and that it goes away."""
+    if card.get("effect") == "git.push":
+        return (
+            f"The broker pushed the agent's **unapproved** commit `{thread.head[:12]}` to branch "
+            f"`{thread.branch}` for this review; nothing reaches the branch the agent asked "
+            "for until it is approved. The staging branch is deleted when the request is "
+            "applied, denied or expires."
+        )
+    return (
+        f"The broker created branch `{thread.branch}` at `{thread.head[:12]}` for this "
+        "review; it is deleted when the request is applied, denied or expires."
+    )
+
+
+def _artefact(what: Mapping[str, Any]) -> list[str]:
+    """An issue thread shows the exact artefact (there is no diff beside it): the
+    preview's facts and body, in a fence, as the broker computed them."""
+    facts = [f"- {_inline(k)}: {_inline(v)}" for k, v in (what.get("facts") or [])]
+    body = str(what.get("body") or "")
+    lines = ["**What would be done** (computed by the broker from the request):", *facts]
+    if body:
+        lines.append(_quoted(body[:60000]))
+    return [*lines, ""]
+
+
+def _inline(value: Any) -> str:
+    """A fact on one line, no markup or mention from outside."""
+    text = " ".join(str(value).split()).replace("`", "'").replace("@", "@\u200b")
+    return f"`{text[:300]}`"

@@ -55,7 +55,9 @@ class Poller:
                 continue
             try:
                 comments = threads.api.comments(thread.repo, thread.number)
-                reviews = threads.api.reviews(thread.repo, thread.number)
+                reviews = (  # an issue has none: its endpoint would answer 404
+                    threads.api.reviews(thread.repo, thread.number) if thread.kind == "pull" else []
+                )
             except BrokerError as exc:
                 log.warning("could not read %s#%d: %s", thread.repo, thread.number, exc)
                 continue

@@ -1,27 +1,27 @@
-"""A pull request as an approval thread: `[integrations.github]`'s approval keys, the
-few REST calls the thread needs, and what the broker remembers about each thread.
+"""A pull request (or an issue) as an approval thread: `[integrations.github]`'s approval
+keys, and the few REST calls a thread needs.
 
     [integrations.github]
-    approve_in_pr = true                 # a waiting github.pull_request.create (false:
-                                         # only where a rule says approve_in_pr = true)
+    approve_in_pr = true                 # a waiting git.push / github.pull_request.create
+                                         # (false: only where a rule says approve_in_pr = true)
     staging_prefix = "broker/pending/"   # the only branches the broker creates
+    staging_public = false               # never stage in a public repository
+    issues_repo = "acme/approvals"       # other effects' threads: an issue there
     agent_logins = ["agent-bot[bot]"]    # the agents' own accounts: never decide
     webhook_secret_env = "GITHUB_WEBHOOK_SECRET"
 
     [approvers.alice]
     github_user = "alice-gh"             # her reviews and /broker comments count as hers
 
-The store (`<state>/github.sqlite`) keeps, per request, the thread (repository, pull
-number, the head the broker pushed, the card's comment id, the check run), every
-comment id taken with the sha256 of its first body, and the webhook delivery ids seen:
-a comment or a delivery is taken once.
+The thread's calls carry a token minted for their repository when the integration
+names a provider (`credential = "NAME"`, or a GitHub App's keys: broker.integrations.
+github_tokens), else the standing `token_env` / `token_file`. What the broker
+remembers of each thread is in broker.integrations.github_store.
 """
 
 from __future__ import annotations
 
-import hashlib
-import sqlite3
-import threading
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,15 +30,18 @@ from urllib.parse import quote
 
 import httpx
 
-from broker.clock import REAL
 from broker.config import Config
 from broker.errors import ConfigError, EffectFailed
+from broker.grants import Provider, provider_for
+from broker.integrations.github_store import Receipt, Thread, ThreadStore
+from broker.integrations.github_tokens import ThreadTokens
 from broker.settings import resolve_secret
 
 __all__ = [
     "CHECK_NAME",
     "THREAD_CALLS",
     "GitHubThreads",
+    "Receipt",
     "Thread",
     "ThreadApi",
     "ThreadSettings",
@@ -48,20 +51,23 @@ __all__ = [
 APPROVAL_EFFECTS = frozenset({"git.push", "github.pull_request.create"})
 WRITE_PERMISSIONS = frozenset({"admin", "maintain", "write"})
 CHECK_NAME = "broker/approval"
+REPO_NAME = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
 
 
 @dataclass(frozen=True)
 class ThreadSettings:
-    """What [integrations.github] says about approving in a pull request."""
+    """What [integrations.github] says about approving in a pull request or an issue."""
 
     base_url: str
-    token: str
+    token: str | None  # the standing token; None when every call's token is minted
     staging_prefix: str
     agent_logins: frozenset[str]
     webhook_secret: str | None
     users: Mapping[str, str]  # GitHub login (case-folded) → approver
     state_dir: Path
     default_on: bool = True  # approve_in_pr's value: a rule's own approve_in_pr wins
+    staging_public: bool = False
+    issues_repo: str | None = None
 
     @property
     def store_path(self) -> Path:
@@ -73,18 +79,33 @@ def thread_settings(config: Config) -> ThreadSettings | None:
     table = config.integrations.get("github") or {}
     if "approve_in_pr" not in table:
         return None
-    if not isinstance(table["approve_in_pr"], bool):
-        raise ConfigError("integrations.github.approve_in_pr: must be true or false")
     where = "integrations.github"
+    if not isinstance(table["approve_in_pr"], bool):
+        raise ConfigError(f"{where}.approve_in_pr: must be true or false")
     token = resolve_secret(table, "token", where, config.base_dir)
-    if not token:
-        raise ConfigError(f"{where}.approve_in_pr: needs token_env or token_file")
+    if not token and provider_for(config.integration("github"), config.credentials) is None:
+        raise ConfigError(f"{where}.approve_in_pr: needs token_env or token_file, or a credential")
     prefix = str(table.get("staging_prefix", "broker/pending/"))
     if not prefix.strip("/") or prefix.startswith(("refs/", "/")):
         raise ConfigError(f"{where}.staging_prefix: a branch prefix such as broker/pending/")
     logins = table.get("agent_logins", [])
     if not isinstance(logins, list) or not all(isinstance(x, str) for x in logins):
         raise ConfigError(f"{where}.agent_logins: expected a list of GitHub logins")
+    return ThreadSettings(
+        str(table.get("base_url", "https://api.github.com")).rstrip("/"),
+        token,
+        prefix if prefix.endswith("/") else prefix + "/",
+        frozenset(x.casefold() for x in logins),
+        resolve_secret(table, "webhook_secret", where, config.base_dir),
+        _users(config),
+        config.state_dir,
+        table["approve_in_pr"],
+        _flag(table, "staging_public", where),
+        _repo_name(table.get("issues_repo"), f"{where}.issues_repo"),
+    )
+
+
+def _users(config: Config) -> dict[str, str]:
     users: dict[str, str] = {}
     for name, entry in config.approvers.items():
         login = entry.get("github_user") if isinstance(entry, Mapping) else None
@@ -92,27 +113,35 @@ def thread_settings(config: Config) -> ThreadSettings | None:
             if not isinstance(login, str) or not login.strip():
                 raise ConfigError(f"approvers.{name}.github_user: expected a GitHub login")
             users[login.strip().casefold()] = name.strip().casefold()
-    return ThreadSettings(
-        str(table.get("base_url", "https://api.github.com")).rstrip("/"),
-        token,
-        prefix if prefix.endswith("/") else prefix + "/",
-        frozenset(x.casefold() for x in logins),
-        resolve_secret(table, "webhook_secret", where, config.base_dir),
-        users,
-        config.state_dir,
-        table["approve_in_pr"],
-    )
+    return users
+
+
+def _flag(table: Mapping[str, Any], key: str, where: str) -> bool:
+    value = table.get(key, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}.{key}: must be true or false")
+    return value
+
+
+def _repo_name(value: Any, where: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not REPO_NAME.fullmatch(value):
+        raise ConfigError(f"{where}: expected a repository's owner/name")
+    return value
 
 
 class ThreadApi:
-    """GitHub's REST calls for a thread; a failure raises EffectFailed naming the call."""
+    """GitHub's REST calls for a thread; a failure raises EffectFailed naming the call.
+    Each call's token is `tokens.token(repo, path)`: minted for that repository, or
+    the standing one."""
 
-    def __init__(self, settings: ThreadSettings, timeout: float = 10.0) -> None:
+    def __init__(self, settings: ThreadSettings, tokens: ThreadTokens, timeout: float = 10.0):
+        self.tokens = tokens
         self._http = httpx.Client(
             base_url=settings.base_url,
             timeout=timeout,
             headers={
-                "Authorization": f"Bearer {settings.token}",
                 "Accept": "application/json",
                 "X-GitHub-Api-Version": "2022-11-28",
                 "User-Agent": "sandbox-outbox-broker",
@@ -121,10 +150,13 @@ class ThreadApi:
 
     def close(self) -> None:
         self._http.close()
+        self.tokens.close()
 
     def call(self, method: str, path: str, body: Any = None) -> Any:
+        repo = "/".join(path.split("?")[0].split("/")[2:4])
+        auth = {"Authorization": f"Bearer {self.tokens.token(repo, method, path)}"}
         try:
-            answer = self._http.request(method, path, json=body)
+            answer = self._http.request(method, path, json=body, headers=auth)
         except httpx.HTTPError as exc:
             raise EffectFailed(f"GitHub {method} {path}: {exc}") from exc
         if answer.status_code >= 400:
@@ -169,8 +201,27 @@ class ThreadApi:
         fields = {"title": title, "head": head, "base": base, "draft": True, "body": body}
         return int(self.call("POST", f"/repos/{repo}/pulls", fields)["number"])
 
+    def open_draft(self, repo: str, head: str) -> int | None:
+        """The open pull request from branch `head` of `repo`, if there is one."""
+        owner = repo.split("/", 1)[0]
+        found = self.call("GET", f"/repos/{repo}/pulls?state=open&head={quote(owner + ':' + head)}")
+        return int(found[0]["number"]) if found else None
+
+    def check_runs(self, repo: str, sha: str) -> list[dict[str, Any]]:
+        """The `broker/approval` check runs on commit `sha`."""
+        query = f"check_name={quote(CHECK_NAME, safe='')}&per_page=100"
+        found = self.call("GET", f"/repos/{repo}/commits/{sha}/check-runs?{query}")
+        return list(found.get("check_runs") or [])
+
+    def issue(self, repo: str, title: str, body: str) -> int:
+        fields = {"title": title, "body": body}
+        return int(self.call("POST", f"/repos/{repo}/issues", fields)["number"])
+
     def close_pull(self, repo: str, number: int) -> None:
         self.call("PATCH", f"/repos/{repo}/pulls/{number}", {"state": "closed"})
+
+    def close_issue(self, repo: str, number: int) -> None:
+        self.call("PATCH", f"/repos/{repo}/issues/{number}", {"state": "closed"})
 
     def check_run(self, repo: str, sha: str, output: Mapping[str, str]) -> int:
         body = {"name": CHECK_NAME, "head_sha": sha, "status": "queued", "output": dict(output)}
@@ -181,6 +232,11 @@ class ThreadApi:
     ) -> None:
         body = {"status": "completed", "conclusion": conclusion, "output": dict(output)}
         self.call("PATCH", f"/repos/{repo}/check-runs/{run}", body)
+
+    def check_state(self, repo: str, run: int) -> tuple[str, str | None]:
+        """The check run's status and conclusion, as GitHub has them now."""
+        data = self.call("GET", f"/repos/{repo}/check-runs/{run}")
+        return str(data.get("status")), data.get("conclusion")
 
     def comments(self, repo: str, number: int) -> list[dict[str, Any]]:
         return list(self.call("GET", f"/repos/{repo}/issues/{number}/comments?per_page=100"))
@@ -200,9 +256,14 @@ THREAD_CALLS = {
     "create_branch": ("POST", "/repos/{owner}/{repo}/git/refs"),
     "delete_branch": ("DELETE", "/repos/{owner}/{repo}/git/refs/{ref}"),
     "draft": ("POST", "/repos/{owner}/{repo}/pulls"),
+    "open_draft": ("GET", "/repos/{owner}/{repo}/pulls"),
+    "check_runs": ("GET", "/repos/{owner}/{repo}/commits/{ref}/check-runs"),
+    "issue": ("POST", "/repos/{owner}/{repo}/issues"),
     "close_pull": ("PATCH", "/repos/{owner}/{repo}/pulls/{pull_number}"),
+    "close_issue": ("PATCH", "/repos/{owner}/{repo}/issues/{issue_number}"),
     "check_run": ("POST", "/repos/{owner}/{repo}/check-runs"),
     "complete_check": ("PATCH", "/repos/{owner}/{repo}/check-runs/{check_run_id}"),
+    "check_state": ("GET", "/repos/{owner}/{repo}/check-runs/{check_run_id}"),
     "comments": ("GET", "/repos/{owner}/{repo}/issues/{issue_number}/comments"),
     "reviews": ("GET", "/repos/{owner}/{repo}/pulls/{pull_number}/reviews"),
 }
@@ -214,138 +275,22 @@ def _ref(branch: str) -> str:
     return quote(f"heads/{branch}", safe="")
 
 
-@dataclass(frozen=True)
-class Thread:
-    """Where one request is approved: its pull request, the head shown, its card."""
-
-    sandbox: str
-    request_id: str
-    sha256: str
-    repo: str
-    number: int
-    head: str
-    card_comment: int
-    check_run: int | None = None
-    branch: str | None = None
-
-    @property
-    def ref(self) -> str:
-        return f"{self.sandbox}/{self.request_id}"
-
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS threads (
-  sandbox TEXT, request_id TEXT, sha256 TEXT, repo TEXT, number INTEGER, head TEXT,
-  card_comment INTEGER, check_run INTEGER, branch TEXT, PRIMARY KEY (sandbox, request_id));
-CREATE UNIQUE INDEX IF NOT EXISTS threads_pr ON threads (repo, number);
-CREATE TABLE IF NOT EXISTS taken (comment_id INTEGER PRIMARY KEY, body_sha256 TEXT, at REAL);
-CREATE TABLE IF NOT EXISTS deliveries (id TEXT PRIMARY KEY, at REAL);
-CREATE TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY, at REAL);
-CREATE TABLE IF NOT EXISTS closed (
-  sandbox TEXT, request_id TEXT, PRIMARY KEY (sandbox, request_id));
-"""
-
-
-class ThreadStore:
-    """What the broker remembers of its threads, comments and deliveries (SQLite)."""
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._lock = threading.Lock()
-        with self._lock:
-            self._db.executescript(_SCHEMA)
-
-    def close(self) -> None:
-        with self._lock:  # never under another thread's statement
-            self._db.close()
-
-    def add(self, thread: Thread) -> None:
-        with self._lock:
-            self._db.execute(
-                "INSERT OR REPLACE INTO threads VALUES (?,?,?,?,?,?,?,?,?)",
-                (
-                    thread.sandbox,
-                    thread.request_id,
-                    thread.sha256,
-                    thread.repo.lower(),
-                    thread.number,
-                    thread.head,
-                    thread.card_comment,
-                    thread.check_run,
-                    thread.branch,
-                ),
-            )
-
-    def by_pull(self, repo: str, number: int) -> Thread | None:
-        return self._one("repo = ? AND number = ?", (repo.lower(), number))
-
-    def by_request(self, sandbox: str, request_id: str) -> Thread | None:
-        return self._one("sandbox = ? AND request_id = ?", (sandbox, request_id))
-
-    def all(self) -> list[Thread]:
-        with self._lock:
-            rows = self._db.execute("SELECT * FROM threads").fetchall()
-        return [Thread(*row) for row in rows]
-
-    def _one(self, where: str, args: tuple[Any, ...]) -> Thread | None:
-        with self._lock:
-            row = self._db.execute(f"SELECT * FROM threads WHERE {where}", args).fetchone()
-        return Thread(*row) if row else None
-
-    def take_comment(self, comment_id: int, body: str) -> str | None:
-        """Remember a comment's first body; None the first time, else that first body's sha256."""
-        digest = hashlib.sha256(body.encode()).hexdigest()
-        with self._lock:
-            row = self._db.execute(
-                "SELECT body_sha256 FROM taken WHERE comment_id = ?", (comment_id,)
-            ).fetchone()
-            if row is not None:
-                return str(row[0])
-            self._db.execute("INSERT INTO taken VALUES (?,?,?)", (comment_id, digest, REAL.time()))
-        return None
-
-    def first_look(self, key: str) -> bool:
-        """True the first time a comment or review (`comment:ID:ACTION`) is looked at."""
-        return self._first("seen", key)
-
-    def looked(self, key: str) -> bool:
-        with self._lock:
-            return (
-                self._db.execute("SELECT 1 FROM seen WHERE key = ?", (key,)).fetchone() is not None
-            )
-
-    def close_thread(self, sandbox: str, request_id: str) -> None:
-        with self._lock:
-            self._db.execute("INSERT OR IGNORE INTO closed VALUES (?,?)", (sandbox, request_id))
-
-    def closed(self, sandbox: str, request_id: str) -> bool:
-        with self._lock:
-            row = self._db.execute(
-                "SELECT 1 FROM closed WHERE sandbox = ? AND request_id = ?", (sandbox, request_id)
-            ).fetchone()
-        return row is not None
-
-    def _first(self, table: str, key: str) -> bool:
-        with self._lock:
-            try:
-                self._db.execute(f"INSERT INTO {table} VALUES (?,?)", (key, REAL.time()))
-            except sqlite3.IntegrityError:
-                return False
-        return True
-
-    def first_delivery(self, delivery: str) -> bool:
-        """True the first time a webhook delivery id is seen; a replay is False."""
-        return self._first("deliveries", delivery)
-
-
 class GitHubThreads:
-    """The settings, API and store one surface (the web, the poller, the notifier) uses."""
+    """The settings, API and store one surface (the web, the poller, the cards) uses."""
 
-    def __init__(self, settings: ThreadSettings) -> None:
+    def __init__(self, settings: ThreadSettings, provider: Provider | None = None) -> None:
         self.settings = settings
-        self.api = ThreadApi(settings)
+        self.tokens = ThreadTokens(settings.base_url, settings.token, provider)
+        self.api = ThreadApi(settings, self.tokens)
         self.store = ThreadStore(settings.store_path)
+
+    @classmethod
+    def of(cls, config: Config) -> GitHubThreads | None:
+        """The threads [integrations.github] configures, or None without approve_in_pr."""
+        settings = thread_settings(config)
+        if settings is None:
+            return None
+        return cls(settings, provider_for(config.integration("github"), config.credentials))
 
     def close(self) -> None:
         self.api.close()

@@ -186,12 +186,10 @@ def _pages(config: Config, inbox: Inbox, gate: Gate, secure: bool, oidc: bool) -
 def _github(config: Config, inbox: Inbox) -> PrDecider | None:
     """The pull request decision path, when [integrations.github] approve_in_pr is on."""
     from broker.integrations.github_decisions import PrDecider
-    from broker.integrations.github_threads import GitHubThreads, thread_settings
+    from broker.integrations.github_threads import GitHubThreads
 
-    settings = thread_settings(config)
-    if settings is None:
-        return None
-    return PrDecider(GitHubThreads(settings), inbox.decide, inbox.card)
+    threads = GitHubThreads.of(config)
+    return None if threads is None else PrDecider(threads, inbox.decide, inbox.card)
 
 
 def _metrics_page(metrics: Metrics) -> Callable[[], Response]:

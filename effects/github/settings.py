@@ -44,6 +44,7 @@ CONFIG_KEYS = frozenset(
         "webhook_secret_env",
         "webhook_secret_file",
         "poll_interval",
+        "issues_repo",
         "credential",
     }
 )

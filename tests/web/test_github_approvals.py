@@ -7,34 +7,21 @@ quorum across GitHub and the CLI, and the `broker/approval` check run's states."
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from broker.approval.decisions import Ballot, decide_and_wake
-from broker.integrations.github_cards import PrCards, attach_pr_cards
-from broker.integrations.github_threads import Thread
 from broker.store.factory import open_store
-from broker.testing import BrokerHarness, FakeClock
-from broker.web.app import create_app
+from broker.testing import FakeClock
 from broker.web.server import WebServer
-from tests.effects.github.fake import commit_on, seed_repo
-from tests.effects.github.fake_reviews import (
-    ReviewingGitHub,
-    comment_payload,
-    delivery,
-    review_payload,
-)
-from tests.effects.github.support import REPO, SEED, TOKEN, TOKEN_ENV
+from tests.effects.github.approvals import SECRET, SECRET_ENV, Stack, serving
+from tests.effects.github.fake_reviews import comment_payload, delivery, review_payload
+from tests.effects.github.support import REPO, TOKEN, TOKEN_ENV
 from tests.support import eventually
 from tests.web.conftest import Switch
 
-SECRET = "whsec-test-0123456789"
-SECRET_ENV = "TEST_GITHUB_WEBHOOK_SECRET"
 POLICY = """
 [[rules]]
 effect = "github.pull_request.create"
@@ -57,110 +44,6 @@ timeout = "1h"
 on_timeout = "deny"
 reason = "a person reviews every pull request the agent opens"
 """
-APPROVERS = {
-    "alice": {"github_user": "alice-gh"},
-    "bob": {"github_user": "bob-gh"},
-    "carol": {"os_user": "carol"},
-    "dave": {"github_user": "dave-gh"},
-    "pr-bot": {"github_user": "pr-bot-gh", "acts_for": ["default"]},
-}
-
-
-@dataclass
-class Stack:
-    harness: BrokerHarness
-    hub: ReviewingGitHub
-    cards: PrCards
-    url: str
-    config: Any
-
-    def waiting(self, title: str = "Fix x") -> tuple[str, Thread]:
-        """An agent's pull request that waits for people, and the thread opened for it."""
-        doc = self.harness.request(
-            "github.pull_request.create",
-            {"repo": REPO, "head": "agent/fix", "base": "main", "title": title},
-            reason="fixes x; @alice please approve",
-        )
-        assert self.harness.submit(doc, terminal=False)["status"] == "pending"
-        rid = str(doc["id"])
-        thread = eventually(lambda: self.cards.threads.store.by_request("default", rid))
-        eventually(lambda: thread.check_run is not None)
-        return rid, thread
-
-    def send(self, event: str, payload: dict[str, Any], secret: str = SECRET) -> httpx.Response:
-        body, headers = delivery(secret, event, payload)
-        return httpx.post(f"{self.url}/github/webhook", content=body, headers=headers)
-
-    def comment(self, thread: Thread, login: str, body: str, kind: str = "User") -> httpx.Response:
-        made = self.hub.comment_as(login, REPO, thread.number, body, kind)
-        return self.send("issue_comment", comment_payload(REPO, made))
-
-    def review(self, thread: Thread, login: str, commit: str) -> httpx.Response:
-        made = self.hub.review_as(login, thread.number, commit)
-        return self.send("pull_request_review", review_payload(REPO, made))
-
-    def replies(self, thread: Thread) -> list[str]:
-        return self.hub.replies(REPO, thread.number)
-
-    def status(self, rid: str) -> str:
-        ledger = open_store(self.config)
-        try:
-            return ledger.find(f"default/{rid}").state
-        finally:
-            ledger.close()
-
-
-@contextmanager
-def serving(tmp_path: Path, served: tuple[Switch, WebServer], **overrides: Any) -> Iterator[Stack]:
-    """The stand-in with acme/api (private), a serving broker, its web app plugged in."""
-    remote = tmp_path / "api.git"
-    seed_repo(remote, SEED)
-    commit_on(remote, "agent/fix", {"src/app.py": b"x = 2\n"}, start="main")
-    with ReviewingGitHub(token=TOKEN) as hub:
-        hub.add_repo(REPO, remote)
-        hub.private.add(REPO)
-        for login, level in {"alice-gh": "write", "bob-gh": "admin", "dave-gh": "read"}.items():
-            hub.permissions[(REPO, login)] = level
-        hub.permissions[(REPO, "agent-bot")] = "write"
-        hub.permissions[(REPO, "pr-bot-gh")] = "write"
-        hub.permissions[(REPO, "frank-gh")] = "write"  # a collaborator, no approver
-        github = {
-            "token_env": TOKEN_ENV,
-            "base_url": hub.url,
-            "repos": ["acme/*"],
-            "approve_in_pr": True,
-            "agent_logins": ["agent-bot"],
-            "webhook_secret_env": SECRET_ENV,
-            **overrides,
-        }
-        github = {k: v for k, v in github.items() if v is not None}
-        harness = BrokerHarness(
-            tmp_path / "h", policy=POLICY, integrations={"github": github}, clock=FakeClock()
-        )
-        config = replace(harness.config, approvers=APPROVERS)
-        attached: list[PrCards] = []
-
-        def prepare(broker: Any) -> None:
-            cards = attach_pr_cards(broker, config)
-            assert cards is not None
-            attached.append(cards)
-
-        harness.prepare = prepare
-        try:
-            with harness:
-                switch, server = served
-                app = create_app(config, harness.registry)
-                switch.app = app
-                try:
-                    yield Stack(harness, hub, attached[0], server.url, config)
-                finally:
-                    switch.app = None
-                    app.state.inbox.close()
-                    if app.state.github is not None:
-                        app.state.github.threads.close()
-        finally:
-            for cards in attached:  # after the broker: its observers use their store
-                cards.close()
 
 
 @pytest.fixture
@@ -170,7 +53,7 @@ def stack(
     """Webhooks on: GitHub's deliveries reach the web server."""
     monkeypatch.setenv(TOKEN_ENV, TOKEN)
     monkeypatch.setenv(SECRET_ENV, SECRET)
-    with serving(tmp_path, served) as running:
+    with serving(tmp_path, served, POLICY) as running:
         yield running
 
 
@@ -218,6 +101,8 @@ def test_an_approve_review_at_the_pushed_head_applies_once(stack: Stack) -> None
     assert len(real) == 1  # the handler opened the agent's PR, once
     assert any(r.startswith("**Approved** by alice") for r in stack.replies(thread))
     eventually(lambda: any(r.startswith("**Applied**: http") for r in stack.replies(thread)))
+    said = [r.split(" ", 1)[0] for r in stack.replies(thread)[1:]]
+    assert said == ["**Approved**", "**Applied**:"]  # the answer first, the outcome last
     assert stack.hub.thread(REPO, thread.number)["state"] == "closed"
     assert eventually(lambda: stack.hub.check_runs and not _branch(stack, rid))
 
@@ -358,7 +243,7 @@ def test_polling_with_webhooks_off(
     is refused once, a comment approving at the right prefix applies one request and
     an APPROVE review at the pushed head another."""
     monkeypatch.setenv(TOKEN_ENV, TOKEN)
-    with serving(tmp_path, served, webhook_secret_env=None, poll_interval="1s") as stack:
+    with serving(tmp_path, served, POLICY, webhook_secret_env=None, poll_interval="1s") as stack:
         rid, thread = stack.waiting()
         assert stack.send("issue_comment", {}).status_code == 404
         edited = stack.hub.comment_as("bob-gh", REPO, thread.number, "/broker deny nope")
@@ -372,7 +257,7 @@ def test_polling_with_webhooks_off(
         reviewed, second = stack.waiting("Fix y")
         stack.hub.review_as("bob-gh", second.number, second.head)
         assert stack.harness.wait(reviewed, timeout=30)["status"] == "applied"
-        assert any(r.startswith("**Approved** by bob") for r in stack.replies(second))
+        eventually(lambda: any(r.startswith("**Approved** by bob") for r in stack.replies(second)))
 
 
 def test_a_check_github_does_not_answer_decides_nothing(stack: Stack) -> None:
@@ -387,3 +272,26 @@ def test_a_check_github_does_not_answer_decides_nothing(stack: Stack) -> None:
     assert stack.status(rid) == "pending"
     stack.comment(thread, "alice-gh", f"/broker approve {thread.sha256[:16]}")
     assert stack.harness.wait(rid)["status"] == "applied"
+
+
+def test_a_thread_half_opened_before_a_crash_is_reused(stack: Stack) -> None:
+    """What a broker that died mid-way through opening left (the staging branch at the
+    agent's head and its draft) is taken up again: one draft, the card on it, a check."""
+    from tests.effects.github.fake import git
+
+    rid = "halfopen1"
+    branch = f"broker/pending/{rid}"
+    remote = stack.hub.repos[REPO].git_dir
+    git(remote, "update-ref", f"refs/heads/{branch}", git(remote, "rev-parse", "agent/fix").strip())
+    left = stack.cards.threads.api.draft(REPO, branch, "main", "[broker] Fix x", "left over")
+    doc = {
+        "version": 1,
+        "id": rid,
+        "effect": "github.pull_request.create",
+        "params": {"repo": REPO, "head": "agent/fix", "base": "main", "title": "Fix x"},
+    }
+    assert stack.harness.submit(doc, terminal=False)["status"] == "pending"
+    thread = stack.thread_of(rid)
+    assert thread.number == left and thread.branch == branch
+    assert [p["number"] for p in stack.hub.pulls(REPO)] == [left]
+    assert len(stack.replies(thread)) == 1 and thread.sha256 in stack.replies(thread)[0]

@@ -147,6 +147,7 @@ APP_PERMISSIONS = {
     "contents": "write",
     "pull_requests": "write",
     "issues": "write",
+    "checks": "write",
     "metadata": "read",
 }
 """What the test App is granted on its installation ("write" > "read" as strings)."""
@@ -155,6 +156,10 @@ APP_PERMISSIONS = {
 def needed(route: str, verb: str) -> tuple[set[str], str]:
     """The permissions of which any one, at this level, lets a token call `route`."""
     level = "read" if verb == "GET" else "write"
+    if "/check-runs" in route:
+        return {"checks"}, level
+    if "/collaborators/" in route or route == "/repos/{owner}/{repo}":
+        return {"metadata"}, "read"
     if "/git/" in route or "/compare/" in route:
         return {"contents"}, level
     if "/pulls" in route:

@@ -46,6 +46,8 @@ class ReviewingGitHub(FakeGitHub):
             ("GET", f"{r}/pulls/{{pull_number}}/reviews", self._list_reviews),
             ("POST", f"{r}/check-runs", self._create_check),
             ("PATCH", f"{r}/check-runs/{{check_run_id}}", self._update_check),
+            ("GET", f"{r}/check-runs/{{check_run_id}}", self._get_check),
+            ("GET", f"{r}/commits/{{ref}}/check-runs", self._list_checks),
         ]
 
     def _id(self) -> int:
@@ -94,6 +96,20 @@ class ReviewingGitHub(FakeGitHub):
         run = {"id": self._id(), "repo": repo.full_name, **body, "history": [body.get("status")]}
         self.check_runs[run["id"]] = run
         return 201, run
+
+    def _get_check(self, repo: Repo, p: dict[str, str], q: dict[str, str], body: Any) -> Reply:
+        run = self.check_runs.get(int(p["check_run_id"]))
+        return (404, {"message": "Not Found"}) if run is None else (200, run)
+
+    def _list_checks(self, repo: Repo, p: dict[str, str], q: dict[str, str], body: Any) -> Reply:
+        runs = [
+            r
+            for r in self.check_runs.values()
+            if r["repo"].lower() == repo.full_name.lower()
+            and r["head_sha"] == p["ref"]
+            and r["name"] == q.get("check_name", r["name"])
+        ]
+        return 200, {"total_count": len(runs), "check_runs": runs}
 
     def _update_check(self, repo: Repo, p: dict[str, str], q: dict[str, str], body: Any) -> Reply:
         run = self.check_runs.get(int(p["check_run_id"]))

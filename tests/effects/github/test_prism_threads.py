@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from broker.integrations.github_threads import THREAD_CALLS, ThreadApi, ThreadSettings
+from broker.integrations.github_tokens import ThreadTokens
 from tests.effects.github.fake_reviews import ReviewingGitHub
 from tests.effects.github.prism import RecordingProxy
 from tests.effects.github.support import REPO, TOKEN
@@ -29,9 +30,14 @@ CASES: dict[str, Callable[[ThreadApi], object]] = {
     "create_branch": lambda api: api.create_branch(REPO, "broker/pending/r1", SHA),
     "delete_branch": lambda api: api.delete_branch(REPO, "broker/pending/r1"),
     "draft": lambda api: api.draft(REPO, "broker/pending/r1", "main", "[broker] t", "b"),
+    "open_draft": lambda api: api.open_draft(REPO, "broker/pending/r1"),
+    "check_runs": lambda api: api.check_runs(REPO, SHA),
+    "issue": lambda api: api.issue(REPO, "[broker] s3.put_object: put", "the card follows"),
     "close_pull": lambda api: api.close_pull(REPO, 7),
+    "close_issue": lambda api: api.close_issue(REPO, 7),
     "check_run": lambda api: api.check_run(REPO, SHA, OUT),
     "complete_check": lambda api: api.complete_check(REPO, 9, "success", OUT),
+    "check_state": lambda api: api.check_state(REPO, 9),
     "comments": lambda api: api.comments(REPO, 7),
     "reviews": lambda api: api.reviews(REPO, 7),
 }
@@ -51,7 +57,7 @@ def test_the_stand_in_serves_every_thread_call() -> None:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_prism_accepts_each_thread_call(name: str, prism: RecordingProxy, tmp_path: Path) -> None:
     """Stand-in: Prism (GitHub's description validates method, path, query and body)."""
-    api = ThreadApi(settings(prism.url, tmp_path))
+    api = ThreadApi(settings(prism.url, tmp_path), ThreadTokens(prism.url, TOKEN, None))
     prism.take()
     try:
         CASES[name](api)
