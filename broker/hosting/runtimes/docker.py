@@ -20,7 +20,7 @@ from docker.types import Mount
 
 from broker.errors import SandboxError
 from broker.hosting.runtimes.base import Handle, Log
-from broker.hosting.runtimes.proof import Observed, prove
+from broker.hosting.runtimes.proof import Observed, bind_mounts, prove
 from broker.hosting.runtimes.spec import LABEL, SANDBOX_UID, SandboxSpec
 
 __all__ = ["DockerRuntime", "engine", "hardened", "observe", "remove"]
@@ -83,13 +83,7 @@ def observe(attrs: Mapping[str, Any]) -> Observed:
     if "CapDrop" in host:  # the engine's default set unless ALL is dropped
         caps = frozenset(host.get("CapAdd") or ()) if "ALL" in drop else frozenset({"defaults"})
     opts = host.get("SecurityOpt")
-    binds = None
-    if "Mounts" in attrs:
-        binds = {
-            m["Destination"]: (m["Source"], bool(m["RW"]))
-            for m in attrs["Mounts"] or ()
-            if m.get("Type") == "bind"
-        }
+    binds = bind_mounts(attrs)
     return Observed(
         network=host.get("NetworkMode"),
         read_only_root=host.get("ReadonlyRootfs"),

@@ -25,7 +25,7 @@ from typing import Any
 from broker.errors import SandboxError
 from broker.hosting.runtimes.base import Handle, Log
 from broker.hosting.runtimes.podman_cli import DEFAULT_CONF, Podman
-from broker.hosting.runtimes.proof import Observed, prove
+from broker.hosting.runtimes.proof import Observed, bind_mounts, prove
 from broker.hosting.runtimes.spec import LABEL, SANDBOX_UID, SandboxSpec
 
 __all__ = ["DEFAULT_CONF", "Podman", "PodmanContainer", "PodmanRuntime", "create_args", "observe"]
@@ -67,13 +67,7 @@ def observe(attrs: Mapping[str, Any]) -> Observed:
     if "BoundingCaps" in attrs and "EffectiveCaps" in attrs:
         caps = frozenset(attrs["BoundingCaps"] or ()) | frozenset(attrs["EffectiveCaps"] or ())
     opts = host.get("SecurityOpt")
-    binds = None
-    if "Mounts" in attrs:
-        binds = {
-            m["Destination"]: (m["Source"], bool(m["RW"]))
-            for m in attrs["Mounts"] or ()
-            if m.get("Type") == "bind"
-        }
+    binds = bind_mounts(attrs)
     return Observed(
         network=host.get("NetworkMode"),
         read_only_root=host.get("ReadonlyRootfs"),

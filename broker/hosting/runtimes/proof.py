@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from broker.errors import SandboxError
 from broker.hosting.runtimes.spec import SandboxSpec
@@ -36,6 +37,17 @@ class Observed:
 
 
 Check = Callable[[SandboxSpec, Observed], "str | None"]
+
+
+def bind_mounts(attrs: Mapping[str, Any]) -> dict[str, tuple[str, bool]] | None:
+    """Destination → (source, writable) of an inspect's bind mounts, in the shape Docker
+    and Podman share; None when the inspect does not report mounts at all."""
+    if "Mounts" not in attrs:
+        return None
+    mounts = attrs["Mounts"] or ()
+    return {
+        m["Destination"]: (m["Source"], bool(m["RW"])) for m in mounts if m.get("Type") == "bind"
+    }
 
 
 def _network(spec: SandboxSpec, seen: Observed) -> str | None:
