@@ -23,15 +23,7 @@ from broker.audit.checkpoints import audit_log, checkpoints_for
 from broker.clock import REAL, Clock
 from broker.config import Config
 from broker.errors import LeaseLost, LedgerError, StoreUnavailable
-from broker.events import (
-    Assessed,
-    Control,
-    Event,
-    FileSeen,
-    Reload,
-    Rescan,
-    Wake,
-)
+from broker.events import Assessed, Control, Event, FileSeen, Reload, Rescan, Wake
 from broker.faults import fault
 from broker.intake import claims as intake
 from broker.intake.outbox import Outbox

@@ -92,6 +92,13 @@ class Metrics:
             ["effect", "status"],
             registry=r,
         )
+        self._declare_audit_and_watcher(r)
+        r.register(_Credentials())
+        self._pending: OrderedDict[Key, str] = OrderedDict()  # key → its effect label
+        self._applying: OrderedDict[Key, str] = OrderedDict()  # key → when it began applying
+        self._counted: OrderedDict[Key, bool] = OrderedDict()  # outcomes already counted
+
+    def _declare_audit_and_watcher(self, r: CollectorRegistry) -> None:
         self.audit_lag = Histogram(
             "broker_audit_flush_lag_seconds",
             "How long appended audit lines waited for the fsync that made them durable",
@@ -109,10 +116,6 @@ class Metrics:
             registry=r,
         )
         self.restarts = Counter("broker_watcher_restarts", "Outbox watchers restarted", registry=r)
-        r.register(_Credentials())
-        self._pending: OrderedDict[Key, str] = OrderedDict()  # key → its effect label
-        self._applying: OrderedDict[Key, str] = OrderedDict()  # key → when it began applying
-        self._counted: OrderedDict[Key, bool] = OrderedDict()  # outcomes already counted
 
     def label(self, effect: object) -> str:
         return effect if isinstance(effect, str) and effect in self.effects else UNREGISTERED

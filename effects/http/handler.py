@@ -156,32 +156,7 @@ class HttpRequest(Handler):
             lines.append(f"{name}: {value}")
         body = call.content.decode("utf-8") if call.content else ""
         text = "\n".join(lines) + "\n\n" + body
-        facts = [
-            ("method", call.method),
-            ("url", str(call.url)),
-            (
-                "destination",
-                f"{call.destination.name} (credentials added by the host: "
-                f"{', '.join(call.destination.headers.secret) or 'none'})"
-                if call.destination
-                else "none: a URL from the request, no credentials added",
-            ),
-            ("methods", _methods_fact(settings, call)),
-            (
-                "response",
-                (call.destination.response if call.destination else Allowed()).describe()
-                + " returns to the agent",
-            ),
-            ("address", address),
-            (
-                "redirects",
-                f"followed, at most {settings.max_redirects}, each hop checked again"
-                if call.follow
-                else "not followed",
-            ),
-            ("timeout", f"{call.timeout:g}s"),
-            ("response cap", f"{settings.max_bytes} bytes"),
-        ]
+        facts = _facts(call, settings, address)
         if call.content is not None:
             digest = hashlib.sha256(call.content).hexdigest()
             facts.append(("body", f"{len(call.content)} bytes, sha256 {digest}"))
@@ -249,6 +224,36 @@ class HttpRequest(Handler):
         reply = read_capped(response, settings.max_bytes + masker.longest, deadline)
         allowed = call.destination.response if call.destination else None
         return output(reply, url, hops, masker, settings.max_bytes, allowed)
+
+
+def _facts(call: Call, settings: HttpSettings, address: str) -> list[tuple[str, str]]:
+    """What the card says of the call beside its wire form."""
+    return [
+        ("method", call.method),
+        ("url", str(call.url)),
+        (
+            "destination",
+            f"{call.destination.name} (credentials added by the host: "
+            f"{', '.join(call.destination.headers.secret) or 'none'})"
+            if call.destination
+            else "none: a URL from the request, no credentials added",
+        ),
+        ("methods", _methods_fact(settings, call)),
+        (
+            "response",
+            (call.destination.response if call.destination else Allowed()).describe()
+            + " returns to the agent",
+        ),
+        ("address", address),
+        (
+            "redirects",
+            f"followed, at most {settings.max_redirects}, each hop checked again"
+            if call.follow
+            else "not followed",
+        ),
+        ("timeout", f"{call.timeout:g}s"),
+        ("response cap", f"{settings.max_bytes} bytes"),
+    ]
 
 
 def _methods_fact(settings: HttpSettings, call: Call) -> str:
