@@ -235,8 +235,10 @@ def mask_logs(secrets: Iterable[str]) -> None:
     global _log_masker, _installed
     quiet_http_libraries()
     with _lock:
-        _log_secrets.update(s for s in secrets if s)
-        _log_masker = Masker(_log_secrets)
+        new = {s for s in secrets if s} - _log_secrets
+        if new:  # a Masker costs time in all the secrets: made again only for a new one
+            _log_secrets.update(new)
+            _log_masker = Masker(_log_secrets)
         if _installed:
             return
         _installed = True
