@@ -16,6 +16,7 @@ import fcntl
 import http.client
 import json
 import os
+import random
 import re
 import shlex
 import signal
@@ -36,6 +37,7 @@ PRISM_BIN = PRISM_DIR / "node_modules" / ".bin" / "prism"
 GITHUB_SPEC = PRISM_DIR / "node_modules" / "@octokit" / "openapi" / "generated"
 GITHUB_SPEC_FILE = GITHUB_SPEC / "api.github.com.json"
 START_TIMEOUT_S = 90.0
+PRISM_SAYS = b"stoplight.io/prism"  # in its answer to a path the description lacks
 PREVIEW_MEDIA_TYPE = re.compile(r"application/vnd\.github\.[a-z-]+-preview\+json")
 
 
@@ -113,7 +115,7 @@ class Prism:
             record = folder / "prism.json"
             if record.exists():
                 return cls(**{**json.loads(record.read_text()), "log": folder / "prism.log"})
-            port, log = free_port(), folder / "prism.log"
+            port, log = _quiet_port(), folder / "prism.log"
             args = [str(PRISM_BIN), "mock", str(spec(folder)), "-p", str(port), "-h", "127.0.0.1"]
             # in the background of a shell that exits at once: no worker's child, so the
             # worker that started it can end before the others and leave it running
@@ -142,9 +144,11 @@ class Prism:
             try:
                 conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
                 conn.request("GET", "/__broker_probe__")
-                conn.getresponse().read()
+                said = conn.getresponse().read()
                 conn.close()
-                return
+                if PRISM_SAYS in said:  # Prism, not whoever else holds the port
+                    return
+                raise OSError(f"127.0.0.1:{self.port} answers, but not as Prism")
             except OSError:
                 if time.time() > end:
                     break
@@ -154,6 +158,21 @@ class Prism:
     def tail(self, lines: int = 20) -> str:
         text = self.log.read_text(encoding="utf-8", errors="replace")
         return "\n".join(text.splitlines()[-lines:])
+
+
+def _quiet_port() -> int:
+    """A free port below the kernel's ephemeral range. Prism binds its port seconds after
+    it is chosen (Node loads first); a port from bind(0) could meanwhile be handed to a
+    server another worker starts, and the proxy would then forward to that server."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.sample(range(20000, min(low, 32768)), 50):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port for Prism below the ephemeral range")
 
 
 def stop_shared(folder: Path) -> None:
