@@ -42,6 +42,11 @@ def broker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]
     )
 
 
+def podman_run(host: Path, name: str) -> list[str]:
+    """`broker run` on Podman with this test's config, as sandbox `name`."""
+    return ["run", "--runtime", "podman", "--config", str(host), "--name", name]
+
+
 def mine(runtime: PodmanRuntime, name: str) -> list[object]:
     return [c for c in runtime.leftovers() if c.labels.get(sandbox.LABEL) == name]
 
@@ -53,13 +58,7 @@ def test_agent_request_is_applied_and_container_removed(
     and the container is gone."""
     name = f"pm-{uuid.uuid4().hex[:8]}"
     done = broker(
-        "run",
-        "--runtime",
-        "podman",
-        "--config",
-        str(host),
-        "--name",
-        name,
+        *podman_run(host, name),
         "--",
         "python3",
         "-c",
@@ -114,13 +113,7 @@ def test_sigint_removes_the_container(host: Path, podman_runtime: PodmanRuntime)
     proc = subprocess.Popen(
         [
             BROKER,
-            "run",
-            "--runtime",
-            "podman",
-            "--config",
-            str(host),
-            "--name",
-            name,
+            *podman_run(host, name),
             "--",
             "python3",
             "-c",
@@ -147,13 +140,7 @@ def test_detached_sandbox_is_listed_and_removed(host: Path, podman_runtime: Podm
     """`run --detach` on Podman, then `broker sandbox ls|rm --runtime podman`."""
     name = f"pm-{uuid.uuid4().hex[:8]}"
     done = broker(
-        "run",
-        "--runtime",
-        "podman",
-        "--config",
-        str(host),
-        "--name",
-        name,
+        *podman_run(host, name),
         "--detach",
         "--",
         "sleep",
