@@ -7,6 +7,7 @@ REV=$(git rev-parse "${1:-HEAD}")
 N=${2:-10}
 OUT=$(realpath "${3:-load-runs.txt}")
 CLONE=$(mktemp -d /tmp/load-runs.XXXXXX)
+chmod 755 "$CLONE"  # so the rootless Podman user can reach it and those tests run too
 git clone -q "$(git rev-parse --show-toplevel)" "$CLONE" && git -C "$CLONE" checkout -q "$REV"
 python3 -c "while True: pass" & B1=$!
 python3 -c "while True: pass" & B2=$!
