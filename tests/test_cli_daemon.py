@@ -4,6 +4,7 @@ the web inbox it started."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -88,7 +89,7 @@ def test_a_signal_stops_serve_and_its_web_inbox(home: Path, tmp_path: Path, sign
 
 
 def test_importing_the_cli_loads_no_heavy_library() -> None:
-    """`import broker.cli` (every --help, every one-line error) loads no web, cloud or
+    """The command table (every --help, every one-line error) loads no web, cloud or
     Docker library and not the pipeline: those are imported by the commands using them."""
     heavy = ["fastapi", "uvicorn", "starlette", "boto3", "botocore", "github", "docker", "httpx"]
     heavy += [
@@ -97,8 +98,35 @@ def test_importing_the_cli_loads_no_heavy_library() -> None:
         "broker.approval.notify",
         "broker.hosting.runner",
     ]
-    code = f"import sys, broker.cli; print([m for m in {heavy!r} if m in sys.modules])"
+    code = f"import sys, broker.cli.commands; print([m for m in {heavy!r} if m in sys.modules])"
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert proc.stdout.strip() == "[]"
+
+
+def test_broker_run_starts_without_typer_rich_or_docker_py(home: Path, tmp_path: Path) -> None:
+    """What every agent's start pays for: up to the container's start, `broker run`
+    imports no CLI framework and no docker-py (the pipeline is built on a thread of its
+    own meanwhile). Shown by stopping a real run where it would create the container."""
+    probe = (
+        "import sys, runpy; sys.argv = ['broker', *sys.argv[1:]]\n"
+        "import broker.hosting.runtimes.docker as d\n"
+        "def refuse(self, spec):\n"
+        "    mods = ('typer', 'rich', 'click', 'docker', 'requests')\n"
+        "    print('loaded:', [m for m in mods if m in sys.modules])\n"
+        "    raise SystemExit(0)\n"
+        "d.DockerRuntime.start = refuse\n"
+        "d.DockerRuntime.ensure_image = lambda self, tag, **kw: tag\n"
+        "from broker.cli import main\n"
+        "main()\n"
+    )
+    state = tmp_path / "state"
+    done = subprocess.run(
+        [sys.executable, "-c", probe, "run", "--state", str(state), "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "HOME": str(home)},
+    )
+    assert "loaded: []" in done.stdout, done.stdout + done.stderr

@@ -34,8 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import httpx
-
 from broker.clock import REAL, Clock
 from broker.config import Config
 from broker.errors import ConfigError
@@ -44,6 +42,8 @@ from broker.settings import only_keys, resolve_secret
 from broker.untrusted import neutralize
 
 if TYPE_CHECKING:
+    import httpx
+
     from broker.models import Record
     from broker.registry import Registry
     from broker.slack.notifier import SlackNotifier
@@ -187,6 +187,8 @@ class Notifier:
         self.delivered = 0
         self.failed = 0
         self._queue: queue.Queue[tuple[Webhook, dict[str, Any]] | None] = queue.Queue()
+        import httpx  # here: a run whose [notify] asks for nothing never imports it
+
         quiet_http_libraries()  # httpx logs each URL at INFO, and a webhook's URL is a secret
         self._client = httpx.Client(timeout=10.0, transport=transport, follow_redirects=False)
         self._seen: set[tuple[str, str]] = set()
@@ -242,6 +244,8 @@ class Notifier:
 
     def _deliver(self, hook: Webhook, body: dict[str, Any]) -> None:
         delay = self.backoff
+        import httpx
+
         for attempt in range(1, self.retries + 1):
             try:
                 response = self._client.post(hook.url, json=body)

@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 import typer
 from rich.console import Console
 
+from broker.cli.assembly import HELP
 from broker.config import Config, load_config
 from broker.errors import BrokerError
-from broker.policy.ruleset import Policy, load_policy
-from broker.registry import Registry, default_registry
+from broker.policy.ruleset import Policy
+from broker.registry import Registry
 from broker.untrusted import terminal
 
 if TYPE_CHECKING:
@@ -28,14 +29,9 @@ if TYPE_CHECKING:
 out = Console(highlight=False, soft_wrap=True, emoji=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
-ConfigOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--config", help="broker.toml (default: $BROKER_CONFIG, else <state>/broker.toml)"
-    ),
-]
-StateOpt = Annotated[Path | None, typer.Option("--state", help="the state dir (ledger, audit log)")]
-PolicyOpt = Annotated[Path | None, typer.Option("--policy", help="the policy file (TOML)")]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help=HELP["config"])]
+StateOpt = Annotated[Path | None, typer.Option("--state", help=HELP["state"])]
+PolicyOpt = Annotated[Path | None, typer.Option("--policy", help=HELP["policy"])]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 
 T = TypeVar("T")
@@ -72,20 +68,12 @@ def assemble(
 ) -> tuple[Config, Registry, Policy]:
     """The config, the registry checked against it, and the policy; or one line."""
 
-    def build() -> tuple[Config, Registry, Policy]:
-        from broker.audit.checkpoints import audit_settings
+    from broker.cli.assembly import assemble as load
 
-        cfg = load_config(config, state_dir=state, policy=policy)
-        audit_settings(cfg)  # a broken [audit] stops the start, naming the key
-        registry = default_registry()
-        registry.check_config(cfg.integrations, cfg.base_dir)
-        cfg.staged.check(registry.names())  # a glob naming no effect would stage nothing
-        pol = load_policy(cfg.policy_path, registry.reversibility(), registry.schemas())
-        for warning in pol.warnings:
-            err.print(f"[yellow]warning:[/] {terminal(pol.source)}: {terminal(warning)}")
-        return cfg, registry, pol
-
-    return guarded(build)
+    cfg, registry, pol, warnings = guarded(lambda: load(config, state, policy))
+    for warning in warnings:
+        err.print(f"[yellow]warning:[/] {terminal(warning)}")
+    return cfg, registry, pol
 
 
 def open_ledger(cfg: Config) -> Store:

@@ -12,21 +12,20 @@ Every fault on the way is one line on stderr and exit 2, before anything is serv
 
 from __future__ import annotations
 
-import logging
-import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from broker.cli.assembly import HELP, install_logging, notifier_for, on_signals
 from broker.cli.common import assemble, err, fail, guarded
 from broker.config import Config
 from broker.masking import mask_logs
-from broker.observability.logformat import FORMATS, install
+from broker.observability.logformat import FORMATS
 from broker.observability.telemetry import Telemetry
 from broker.policy.ruleset import Policy
 from broker.registry import Registry
@@ -38,19 +37,16 @@ if TYPE_CHECKING:
 
 ListenOpt = Annotated[
     str | None,
-    typer.Option(help="also serve the web inbox and /api/v1 on HOST:PORT (e.g. 127.0.0.1:8700)"),
+    typer.Option(help=HELP["listen"]),
 ]
-InsecureOpt = Annotated[
-    bool, typer.Option("--insecure-listen", help="allow --listen beyond loopback without TLS")
-]
-VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="log DEBUG lines too")]
+InsecureOpt = Annotated[bool, typer.Option("--insecure-listen", help=HELP["insecure_listen"])]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help=HELP["verbose"])]
 LogFormatOpt = Annotated[
     str | None,
     typer.Option(
         "--log-format",
         metavar="text|json",
-        help="the log's form: text lines, or one JSON object per line "
-        "(default: [broker] log_format, else text)",
+        help=HELP["log_format"],
     ),
 ]
 
@@ -101,7 +97,7 @@ class Daemon:
         KeyboardInterrupt in the main thread, for a command whose main thread waits on
         something other than `stop` (`run` waits on its container).
         """
-        _on_signals(self.stop, wake, interrupt)
+        on_signals(self.stop, wake, interrupt)
         self.web = guarded(lambda: _start_web(self))
         told: list[str] = []
         telemetry, insecure = self.telemetry, self.args.insecure_listen
@@ -122,7 +118,7 @@ def daemon(args: DaemonArgs, *, quiet: bool = False) -> Iterator[Daemon]:
     if args.log_format not in (None, *FORMATS):
         fail(f"--log-format {args.log_format!r}: expected text or json")
     cfg, registry, pol = assemble(args.config, args.state, args.policy)
-    _logging(args.verbose, quiet, args.log_format or cfg.log_format)
+    install_logging(args.verbose, quiet, args.log_format or cfg.log_format)
     mask_logs(cfg.secret_values())  # no secret in any log line, from the web or a notifier
     d = Daemon(args, cfg, registry, pol, guarded(lambda: notifier_for(cfg)))
     d.telemetry = guarded(lambda: Telemetry.from_config(cfg, registry))
@@ -134,13 +130,6 @@ def daemon(args: DaemonArgs, *, quiet: bool = False) -> Iterator[Daemon]:
         d.telemetry.close()
 
 
-def notifier_for(cfg: Config) -> Notifier | None:
-    """What [notify] asks for (webhooks, Slack); None when it asks for nothing."""
-    from broker.approval.notify import notifier_from
-
-    return notifier_from(cfg)
-
-
 def _start_web(d: Daemon) -> WebServer | None:
     if not (d.args.listen or d.cfg.web):
         return None  # no inbox asked for: fastapi and uvicorn are not even imported
@@ -150,20 +139,3 @@ def _start_web(d: Daemon) -> WebServer | None:
     return start_web(
         d.cfg, d.registry, d.args.listen, insecure=d.args.insecure_listen, metrics=metrics
     )
-
-
-def _logging(verbose: bool, quiet: bool, fmt: str) -> None:
-    level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
-    install(fmt, level)
-
-
-def _on_signals(stop: threading.Event, wake: Callable[[], None] | None, interrupt: bool) -> None:
-    def handler(signum: int, frame: Any) -> None:
-        stop.set()
-        if wake is not None:
-            wake()
-        if interrupt:
-            raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)

@@ -1,16 +1,15 @@
-"""`broker serve` (outboxes until stopped) and `broker run` (one sandbox until it exits),
-both started by broker.cli.daemon."""
+"""`broker serve`: outboxes until stopped, started by broker.cli.daemon (`broker run`,
+one sandbox until it exits, has a light path of its own: broker.cli.run)."""
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from broker.cli.common import ConfigOpt, PolicyOpt, StateOpt, err, fail, guarded
+from broker.cli.common import ConfigOpt, PolicyOpt, StateOpt, fail, guarded
 from broker.cli.daemon import (
     Daemon,
     DaemonArgs,
@@ -23,15 +22,9 @@ from broker.cli.daemon import (
 from broker.untrusted import terminal
 
 if TYPE_CHECKING:
-    from broker.cli.prompt import Prompt
     from broker.config import Config
-    from broker.hosting.runner import RunOptions
     from broker.integrations.github_cards import PrCards
     from broker.loop.pipeline import Broker
-
-# `broker run -- CMD ARGS`: everything after the options is the sandbox's command
-RUN_SETTINGS: dict[str, Any] = {"allow_extra_args": True, "ignore_unknown_options": True}
-
 
 ClaimOpt = Annotated[
     Path | None,
@@ -51,9 +44,6 @@ StagedOpt = Annotated[
         help="staged mode for every effect: validate, classify and preview each request, "
         "apply nothing (as [broker] staged = true)",
     ),
-]
-WorkspaceOpt = Annotated[
-    Path | None, typer.Option(help="a directory mounted read-write at /workspace")
 ]
 
 
@@ -140,82 +130,3 @@ def _broker(
     cards = attach_pr_cards(broker, d.cfg)  # the pull request as the card (approve_in_pr)
     d.observe(broker)  # the request log; metrics and traces when broker.toml asks
     return broker, cards
-
-
-def run(
-    ctx: typer.Context,
-    image: Annotated[str | None, typer.Option(help="the agent image (default: built-in)")] = None,
-    name: Annotated[str | None, typer.Option(help="the sandbox id (default: random)")] = None,
-    workspace: WorkspaceOpt = None,
-    detach: Annotated[bool, typer.Option(help="start and leave it to `broker serve`")] = False,
-    runtime: Annotated[
-        str | None, typer.Option(help="docker or podman (default: [sandbox] runtime, else docker)")
-    ] = None,
-    config: ConfigOpt = None,
-    state: StateOpt = None,
-    policy: PolicyOpt = None,
-    listen: ListenOpt = None,
-    insecure_listen: InsecureOpt = False,
-    verbose: VerboseOpt = False,
-    log_format: LogFormatOpt = None,
-) -> None:
-    """Run CMD in a new sandbox and serve its outbox until it exits: broker run -- CMD ARGS."""
-    from broker.hosting.runner import run as run_sandbox
-
-    command = list(ctx.args)
-    if not command:
-        fail("give the command to run after --, e.g. broker run -- python3 agent.py")
-    args = DaemonArgs(
-        config=config,
-        state=state,
-        policy=policy,
-        listen=listen,
-        insecure_listen=insecure_listen,
-        verbose=verbose,
-        log_format=log_format,
-    )
-    with daemon(args, quiet=True) as d:
-        options, prompt = _run_options(d, command, image, name, workspace, detach)
-        options.runtime = runtime
-        d.start(interrupt=True)
-        try:
-            code = guarded(lambda: run_sandbox(d.cfg, d.registry, d.policy, options))
-        except KeyboardInterrupt:
-            if prompt is not None:
-                prompt.close()
-            err.print("interrupted: the sandbox was removed")
-            raise typer.Exit(130) from None
-        if prompt is not None:
-            prompt.close()
-    raise typer.Exit(code)
-
-
-def _run_options(
-    d: Daemon,
-    command: list[str],
-    image: str | None,
-    name: str | None,
-    workspace: Path | None,
-    detach: bool,
-) -> tuple[RunOptions, Prompt | None]:
-    """What `broker run` asks of the runner, and the terminal's prompt about what waits
-    (when stdin is one and the run is not detached)."""
-    from broker.cli.prompt import Prompt
-    from broker.hosting.runner import RunOptions
-    from broker.integrations.github_cards import on_broker
-
-    if workspace is not None and not workspace.is_dir():
-        fail(f"--workspace {workspace}: not a directory")
-    prompt = Prompt(d.cfg, d.registry) if sys.stdin.isatty() and not detach else None
-    options = RunOptions(
-        command=command,
-        image=image,
-        name=name,
-        workspace=workspace.absolute() if workspace else None,
-        detach=detach,
-        on_pending=prompt,
-        notifier=d.notifier,
-        say=lambda text: err.print(terminal(text), highlight=False),
-        on_broker=on_broker(d.cfg),  # GitHub's threads, when approve_in_pr is set
-    )
-    return options, prompt

@@ -9,19 +9,30 @@ Docker's own exceptions stop here: what callers see is :class:`SandboxError`.
 from __future__ import annotations
 
 import hashlib
+import os
+import socket
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import docker
-import docker.errors
-from docker.models.images import Image
+if TYPE_CHECKING:  # docker-py is imported by what builds: a run with a current image needs none
+    import docker
+    from docker.models.images import Image
 
 from broker.clock import REAL
 from broker.errors import SandboxError
 from broker.hosting.runtimes.spec import SANDBOX_UID
 
-__all__ = ["DEFAULT_BASE", "DEFAULT_IMAGE", "FALLBACK_BASE", "IMAGE_LABEL", "ensure_image"]
+__all__ = [
+    "DEFAULT_BASE",
+    "DEFAULT_IMAGE",
+    "FALLBACK_BASE",
+    "IMAGE_LABEL",
+    "current",
+    "engine",
+    "ensure_image",
+]
 
 IMAGE_LABEL = "io.sandbox-broker.image-digest"
 """Label on the agent image: digest of the sources it was built from."""
@@ -42,6 +53,36 @@ PULL_TIMEOUT = 15
 Log = Callable[[str], None]
 
 
+def engine() -> docker.DockerClient:
+    """docker-py's client of the engine named by the environment (DOCKER_HOST, else the
+    socket): for builds and for the integrations that keep a container and exec in it."""
+    import docker
+    import docker.errors
+
+    where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    client: docker.DockerClient | None = None
+    try:
+        if where.startswith("unix://"):
+            _check_socket(where.removeprefix("unix://"))
+        client = docker.from_env()
+        client.ping()
+    except (OSError, docker.errors.DockerException) as exc:  # requests' errors are OSErrors
+        if client is not None:
+            client.close()
+        raise SandboxError(
+            f"the Docker engine at {where} does not answer ({exc}); "
+            "start one with: bash scripts/docker-up.sh"
+        ) from exc
+    return client
+
+
+def _check_socket(path: str) -> None:
+    """Connect once to a unix socket; the SDK leaks its socket when this fails."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(5)
+        probe.connect(path)
+
+
 def ensure_image(
     client: docker.DockerClient,
     tag: str = DEFAULT_IMAGE,
@@ -58,6 +99,8 @@ def ensure_image(
     after PULL_TIMEOUT silent seconds), broker-base:bookworm built from Debian
     packages by ``sandbox_images/build-base.sh`` (root, about a minute).
     """
+    import docker.errors
+
     digest = sources_digest()
     try:
         previous: Image | None = client.images.get(tag)
@@ -81,6 +124,8 @@ def ensure_image(
 
 
 def _build(client: docker.DockerClient, tag: str, base: str, digest: str, force: bool) -> None:
+    import docker.errors
+
     try:
         client.images.build(
             path=str(IMAGES_DIR),
@@ -104,11 +149,19 @@ def _build(client: docker.DockerClient, tag: str, base: str, digest: str, force:
 
 def _remove_if_untagged(client: docker.DockerClient, image_id: str) -> None:
     """Drop the image a rebuild replaced, unless something still uses or names it."""
+    import docker.errors
+
     try:
         if not client.images.get(image_id).tags:
             client.images.remove(image_id)
     except docker.errors.DockerException:
         pass  # a container may still run on it; it is only disk space
+
+
+def current(labels: Mapping[str, str] | None) -> bool:
+    """Whether an image with these labels (None: no such image) was built from today's
+    sources: then it is used as it is."""
+    return labels is not None and labels.get(IMAGE_LABEL) == sources_digest()
 
 
 def sources_digest() -> str:
@@ -144,6 +197,8 @@ def _base_image(client: docker.DockerClient, base: str | None, log: Log) -> str:
 
 
 def _has_image(client: docker.DockerClient, tag: str) -> bool:
+    import docker.errors
+
     try:
         client.images.get(tag)
     except docker.errors.ImageNotFound:
@@ -155,6 +210,8 @@ def _has_image(client: docker.DockerClient, tag: str) -> bool:
 
 def _pull(client: docker.DockerClient, tag: str) -> str | None:
     """Pull ``tag`` with a short read timeout; return why it failed, or None."""
+    import docker.errors
+
     saved = client.api.timeout
     client.api.timeout = PULL_TIMEOUT
     try:

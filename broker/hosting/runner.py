@@ -14,18 +14,20 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from broker.approval.notify import Notifier
 from broker.config import Config
-from broker.hosting import images, sandbox
+from broker.hosting import images
 from broker.hosting.runtimes import open_runtime
 from broker.hosting.runtimes.base import Handle, Runtime
-from broker.hosting.runtimes.spec import sandbox_spec
+from broker.hosting.runtimes.spec import SandboxLimits, SandboxSpec, prepare_dirs, sandbox_spec
 from broker.hosting.serving import OnBroker, Serving
-from broker.models import Record
-from broker.policy.ruleset import Policy
-from broker.registry import Registry
+
+if TYPE_CHECKING:
+    from broker.approval.notify import Notifier
+    from broker.models import Record
+    from broker.policy.ruleset import Policy
+    from broker.registry import Registry
 
 log = logging.getLogger("broker.run")
 
@@ -48,12 +50,12 @@ def new_sandbox_id(name: str | None) -> str:
     return name or f"sb-{secrets.token_hex(4)}"
 
 
-def limits_from(config: Config) -> sandbox.SandboxLimits:
+def limits_from(config: Config) -> SandboxLimits:
     """[sandbox] pids, memory, cpus, tmpfs from broker.toml, over sane defaults."""
     section = config.sandbox
-    base = sandbox.SandboxLimits()
+    base = SandboxLimits()
     cpus = section.get("cpus")
-    return sandbox.SandboxLimits(
+    return SandboxLimits(
         pids=int(section.get("pids", base.pids)),
         memory=str(section.get("memory", base.memory)),
         nano_cpus=int(float(cpus) * 1e9) if cpus is not None else base.nano_cpus,
@@ -90,7 +92,7 @@ def _run(
     if image == images.DEFAULT_IMAGE:
         runtime.ensure_image(image, log=options.say)
     sandbox_id = new_sandbox_id(options.name)
-    paths = sandbox.prepare_dirs(config.state_dir, sandbox_id, runtime.agent_uid())
+    paths = prepare_dirs(config.state_dir, sandbox_id, runtime.agent_uid())
     spec = sandbox_spec(
         paths,
         image,
@@ -117,24 +119,60 @@ def _run(
         notifier=options.notifier,
         say=options.say,
     )
-    serving.start()
+    life = _Life(runtime)
+    starting = threading.Thread(
+        target=life.serve, args=(serving,), name="broker-serving-start", daemon=True
+    )
+    starting.start()  # the broker is built while the engine creates the container
     try:
-        running = f"sandbox {sandbox_id}: running"
-        code = _attached(lambda: runtime.start(spec), runtime, options, running, image)
+        code = _attached(spec, runtime, options, life)
     finally:
-        serving.finish()
+        starting.join()
+        if life.failure is None:
+            serving.finish()
+    if life.failure is not None:
+        raise life.failure
     options.say(summary(config, sandbox_id, code))
     return code
 
 
-def _attached(
-    start: Callable[[], Handle], runtime: Runtime, options: RunOptions, running: str, image: str
-) -> int:
+class _Life:
+    """One run's container and the serving start beside it: a start that fails ends the
+    container (nothing would answer what it writes), whichever of the two comes first."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.failure: BaseException | None = None
+        self._container: Handle | None = None
+        self._lock = threading.Lock()
+
+    def serve(self, serving: Serving) -> None:
+        try:
+            serving.start()
+        except BaseException as exc:
+            with self._lock:
+                self.failure = exc
+                container = self._container
+            if container is not None:
+                self.runtime.remove(container)  # its wait returns; the run raises `exc`
+
+    def started(self, container: Handle) -> None:
+        with self._lock:
+            self._container = container
+            failure = self.failure
+        if failure is not None:
+            raise failure
+
+
+def _attached(spec: SandboxSpec, runtime: Runtime, options: RunOptions, life: _Life) -> int:
     """Run the container to its end, its output streamed; it is removed in every case."""
     container: Handle | None = None
     try:
-        container = start()
-        options.say(f"{running} {' '.join(options.command)} in {image}")
+        container = runtime.start(spec)
+        life.started(container)
+        options.say(
+            f"sandbox {spec.sandbox_id}: running {' '.join(options.command)} in {spec.image}"
+        )
         output = threading.Thread(
             target=_stream_logs, args=(container, options.say), name="sandbox-logs", daemon=True
         )

@@ -12,30 +12,34 @@ plus, when asked, a workspace at ``/workspace``. Everything else in the state di
 label ``LABEL=<sandbox id>`` so :func:`leftovers` finds the ones a crash left behind.
 
 The hardening itself is runtime-neutral (broker.hosting.runtimes.spec) and proven on
-each created container (broker.hosting.runtimes.proof); this module is the Docker
-face of it that the integrations use. Other runtimes: broker.hosting.runtimes.
-Docker's own exceptions stop here: what callers see is :class:`SandboxError`.
+each created container (broker.hosting.runtimes.proof); this module is its docker-py
+face, for the integrations that keep a container and `exec` in it (the AutoGen
+executor): the same create body and proof as the runtime `broker run` uses
+(broker.hosting.runtimes.docker). docker-py's exceptions stop here: what callers see
+is :class:`SandboxError`.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import docker
+import docker.errors
 from docker.models.containers import Container
 
 from broker.errors import SandboxError
-from broker.hosting.runtimes import docker as docker_runtime
+from broker.hosting.images import engine
+from broker.hosting.runtimes.docker import create_body, observe
+from broker.hosting.runtimes.proof import prove
 from broker.hosting.runtimes.spec import (
     DEFAULT_LIMITS,
     LABEL,
-    SANDBOX_ID,
     SANDBOX_UID,
     SandboxLimits,
     SandboxPaths,
+    prepare_dirs,
     sandbox_spec,
 )
 
@@ -52,42 +56,6 @@ __all__ = [
     "start",
 ]
 
-engine = docker_runtime.engine
-
-
-def prepare_dirs(state_dir: Path, sandbox_id: str, agent_uid: int = SANDBOX_UID) -> SandboxPaths:
-    """Create (or repair) the outbox and results directories of ``sandbox_id``.
-
-    The outbox is writable by ``agent_uid`` alone (the host uid that is SANDBOX_UID in
-    the sandbox: itself, or a rootless Podman user); the results directory belongs to
-    the broker and is only readable in the sandbox. Existing results are kept. Needs
-    root to give the outbox to another uid; raises SandboxError otherwise.
-    """
-    if not SANDBOX_ID.match(sandbox_id):
-        raise SandboxError(f"sandbox id {sandbox_id!r} must match {SANDBOX_ID.pattern[:-2]}")
-    sandboxes = state_dir / "sandboxes"
-    root = sandboxes / sandbox_id
-    paths = SandboxPaths(sandbox_id, root, root / "outbox", root / "results")
-    try:
-        sandboxes.mkdir(mode=0o700, parents=True, exist_ok=True)
-        root.mkdir(mode=0o755, exist_ok=True)
-        paths.outbox.mkdir(mode=0o700, exist_ok=True)
-        if paths.outbox.stat().st_uid != agent_uid or paths.outbox.stat().st_gid != agent_uid:
-            os.chown(paths.outbox, agent_uid, agent_uid)
-        paths.outbox.chmod(0o700)
-        paths.results.mkdir(mode=0o755, exist_ok=True)
-        if paths.results.stat().st_uid != os.getuid():
-            os.chown(paths.results, os.getuid(), os.getgid())
-        paths.results.chmod(0o755)
-    except PermissionError as exc:
-        raise SandboxError(
-            f"cannot prepare {root}: {exc.strerror}; the broker must run as root "
-            f"to hand the outbox to uid {agent_uid}"
-        ) from exc
-    except OSError as exc:
-        raise SandboxError(f"cannot prepare {root}: {exc.strerror or exc}") from exc
-    return paths
-
 
 def hardened(
     paths: SandboxPaths,
@@ -98,7 +66,7 @@ def hardened(
     read_only_mounts: Mapping[str, str] | None = None,
     labels: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The container options every sandbox gets (docker-py's `containers.create`);
+    """The Engine API create body every sandbox gets (its HostConfig is the hardening);
     `read_only_mounts` maps host paths to container paths, bound read-only."""
     spec = sandbox_spec(
         paths,
@@ -110,7 +78,7 @@ def hardened(
         read_only_mounts=read_only_mounts,
         labels=labels,
     )
-    return docker_runtime.hardened(spec)
+    return create_body(spec)
 
 
 def start(
@@ -147,15 +115,45 @@ def start(
         read_only_mounts=read_only_mounts,
         labels=labels,
     )
-    return docker_runtime.DockerRuntime(client).start(spec)
+    try:
+        made = client.api.create_container_from_config(create_body(spec), spec.name)  # type: ignore[no-untyped-call]
+    except docker.errors.ImageNotFound as exc:
+        raise SandboxError(f"image {image} is missing; build it with: broker image build") from exc
+    except docker.errors.DockerException as exc:
+        raise SandboxError(f"cannot create sandbox {paths.sandbox_id}: {exc}") from exc
+    container: Container = client.containers.prepare_model({"Id": made["Id"]})
+    try:
+        container.attrs = client.api.inspect_container(made["Id"])
+        prove(spec, observe(container.attrs), "docker")
+        container.start()
+    except docker.errors.DockerException as exc:
+        remove(container)
+        raise SandboxError(f"cannot start sandbox {paths.sandbox_id}: {exc}") from exc
+    except BaseException:  # unproven, or a Ctrl-C mid-start: nobody else knows it yet
+        remove(container)
+        raise
+    return container
 
 
 def remove(container: Container) -> None:
     """Kill and delete ``container``; one that is already gone is fine."""
-    docker_runtime.remove(container)
+    try:
+        container.remove(force=True)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as exc:
+        if exc.status_code == 409:  # its removal is already under way
+            return
+        raise SandboxError(f"cannot remove container {container.short_id}: {exc}") from exc
 
 
 def leftovers(client: docker.DockerClient) -> list[Container]:
     """Every sandbox container on the engine, running or not (for cleanup after a crash)."""
-    found: list[Container] = docker_runtime.DockerRuntime(client).leftovers()  # type: ignore[assignment]
-    return found
+    for _ in range(3):  # the SDK inspects each listed container: one removed meanwhile 404s
+        try:
+            return list(client.containers.list(all=True, filters={"label": LABEL}))
+        except docker.errors.NotFound:
+            continue
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"cannot list sandbox containers: {exc}") from exc
+    raise SandboxError("cannot list sandbox containers: they kept changing while listed")

@@ -8,22 +8,22 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from broker.approval.notify import Notifier
 from broker.clock import REAL
 from broker.config import Config
 from broker.errors import BrokerError, OwnerGone, StateBusy
-from broker.fleet import qualify
-from broker.intake.outbox import from_layout
 from broker.loop import ownership
-from broker.loop.pipeline import Broker
-from broker.models import Record
-from broker.policy.ruleset import Policy
-from broker.registry import Registry
-from broker.store.factory import open_store
+
+if TYPE_CHECKING:  # the pipeline is imported when this process serves (on its own thread)
+    from broker.approval.notify import Notifier
+    from broker.loop.pipeline import Broker
+    from broker.models import Record
+    from broker.policy.ruleset import Policy
+    from broker.registry import Registry
 
 log = logging.getLogger("broker.run")
-OnBroker = Callable[[Broker], Callable[[], None] | None]
+OnBroker = Callable[["Broker"], Callable[[], None] | None]
 """Called with a broker this process runs, before it serves; what it returns is called
 after that broker stops (a surface's observers: broker.integrations.github_cards)."""
 TAKEOVER_S = 30.0  # how long to try to become the owner when the owner went away
@@ -115,6 +115,9 @@ class Serving:
                 REAL.sleep(0.05)  # the owner is starting or stopping: ask again
 
     def _run_own(self) -> None:
+        from broker.intake.outbox import from_layout
+        from broker.loop.pipeline import Broker
+
         broker = Broker(self.config, self.registry, self.policy)
         broker.command = "broker run"
         broker.lock.acquire(broker.command)  # StateBusy: someone else owns it
@@ -164,6 +167,9 @@ class Serving:
     def _pending_id(self, request_id: str) -> None:
         if self.on_pending is None:
             return
+        from broker.fleet import qualify
+        from broker.store.factory import open_store
+
         ledger = open_store(self.config)
         try:
             record = ledger.get(qualify(ledger.host, self.sandbox_id), request_id)

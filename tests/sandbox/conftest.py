@@ -179,7 +179,8 @@ def podman_runtime() -> PodmanRuntime:
 def runtime(request: pytest.FixtureRequest) -> Runtime:
     """Each runtime in turn, with the agent image in its store."""
     if request.param == "docker":
-        found: Runtime = DockerRuntime(request.getfixturevalue("engine"))
+        request.getfixturevalue("engine")  # skips (or fails in CI) without an engine
+        found: Runtime = DockerRuntime()
     elif request.param == "podman":
         found = request.getfixturevalue("podman_runtime")
     else:

@@ -1,77 +1,55 @@
-"""Docker as a sandbox runtime, through docker-py and the engine's socket.
+"""Docker as a sandbox runtime, through the Engine API on its socket (runtimes.engine).
 
-The spec becomes ``containers.create`` options (:func:`hardened`); the created
-container's inspect (``Container.attrs``) is read back into
-:class:`~broker.hosting.runtimes.proof.Observed` and proven before ``start``.
-Docker's own exceptions stop here: what callers see is :class:`SandboxError`.
+The spec becomes the engine's create body (:func:`create_body`); the created
+container's inspect is read back into :class:`~broker.hosting.runtimes.proof.Observed`
+and proven before it starts. The engine's errors stop here: what callers see is
+:class:`SandboxError`. docker-py's face of the same (for the AutoGen executor's
+long-lived containers) is broker.hosting.sandbox, on this create body and proof.
 """
 
 from __future__ import annotations
 
-import os
-import socket
+import json
 from collections.abc import Mapping
 from typing import Any
-
-import docker
-import docker.errors
-from docker.models.containers import Container
-from docker.types import Mount
+from urllib.parse import quote
 
 from broker.errors import SandboxError
 from broker.hosting.runtimes.base import Handle, Log
+from broker.hosting.runtimes.engine import EngineClient, EngineContainer, EngineError
 from broker.hosting.runtimes.proof import Observed, bind_mounts, prove
 from broker.hosting.runtimes.spec import LABEL, SANDBOX_UID, SandboxSpec
 
-__all__ = ["DockerRuntime", "engine", "hardened", "observe", "remove"]
+__all__ = ["DockerRuntime", "create_body", "observe"]
 
 
-def engine() -> docker.DockerClient:
-    """Connect to the Docker engine named by the environment (DOCKER_HOST, else the socket)."""
-    where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-    client: docker.DockerClient | None = None
-    try:
-        if where.startswith("unix://"):
-            _check_socket(where.removeprefix("unix://"))
-        client = docker.from_env()
-        client.ping()
-    except (OSError, docker.errors.DockerException) as exc:  # requests' errors are OSErrors
-        if client is not None:
-            client.close()
-        raise SandboxError(
-            f"the Docker engine at {where} does not answer ({exc}); "
-            "start one with: bash scripts/docker-up.sh"
-        ) from exc
-    return client
-
-
-def _check_socket(path: str) -> None:
-    """Connect once to a unix socket; the SDK leaks its socket when this fails."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(5)
-        probe.connect(path)
-
-
-def hardened(spec: SandboxSpec) -> dict[str, Any]:
-    """The container options of ``spec`` (docker-py's `containers.create`)."""
-    return {
-        "detach": True,
-        "auto_remove": False,
-        "user": spec.user,
-        "environment": dict(spec.env),
-        "mounts": [
-            Mount(b.inside, b.host, type="bind", read_only=not b.writable) for b in spec.binds
-        ],
-        "labels": dict(spec.labels),
-        "network_mode": "none",
-        "read_only": True,
-        "tmpfs": dict(spec.tmpfs),
-        "cap_drop": ["ALL"],
-        "security_opt": ["no-new-privileges"],
-        "pids_limit": spec.limits.pids,
-        "mem_limit": spec.limits.memory,
-        "nano_cpus": spec.limits.nano_cpus,
+def create_body(spec: SandboxSpec) -> dict[str, Any]:
+    """The Engine API's create body for ``spec`` (POST /containers/create)."""
+    body: dict[str, Any] = {
+        "Image": spec.image,
+        "Cmd": list(spec.command),
+        "User": spec.user,
+        "Env": [f"{key}={value}" for key, value in spec.env.items()],
+        "Labels": dict(spec.labels),
+        "HostConfig": {
+            "Mounts": [
+                {"Type": "bind", "Source": b.host, "Target": b.inside, "ReadOnly": not b.writable}
+                for b in spec.binds
+            ],
+            "NetworkMode": "none",
+            "ReadonlyRootfs": True,
+            "Tmpfs": dict(spec.tmpfs),
+            "CapDrop": ["ALL"],
+            "SecurityOpt": ["no-new-privileges"],
+            "PidsLimit": spec.limits.pids,
+            "Memory": spec.memory,
+            "NanoCpus": spec.limits.nano_cpus,
+            "AutoRemove": False,
+        },
     }
+    if spec.entrypoint is not None:
+        body["Entrypoint"] = list(spec.entrypoint)
+    return body
 
 
 def observe(attrs: Mapping[str, Any]) -> Observed:
@@ -83,7 +61,6 @@ def observe(attrs: Mapping[str, Any]) -> Observed:
     if "CapDrop" in host:  # the engine's default set unless ALL is dropped
         caps = frozenset(host.get("CapAdd") or ()) if "ALL" in drop else frozenset({"defaults"})
     opts = host.get("SecurityOpt")
-    binds = bind_mounts(attrs)
     return Observed(
         network=host.get("NetworkMode"),
         read_only_root=host.get("ReadonlyRootfs"),
@@ -96,20 +73,8 @@ def observe(attrs: Mapping[str, Any]) -> Observed:
         pids=host.get("PidsLimit"),
         memory=host.get("Memory"),
         nano_cpus=host.get("NanoCpus"),
-        binds=binds,
+        binds=bind_mounts(attrs),
     )
-
-
-def remove(container: Container) -> None:
-    """Kill and delete ``container``; one that is already gone is fine."""
-    try:
-        container.remove(force=True)
-    except docker.errors.NotFound:
-        pass
-    except docker.errors.APIError as exc:
-        if exc.status_code == 409:  # its removal is already under way
-            return
-        raise SandboxError(f"cannot remove container {container.short_id}: {exc}") from exc
 
 
 class DockerRuntime:
@@ -117,61 +82,92 @@ class DockerRuntime:
 
     name = "docker"
 
-    def __init__(self, client: docker.DockerClient | None = None) -> None:
-        self.client = client if client is not None else engine()
+    def __init__(self, client: EngineClient | None = None) -> None:
+        try:
+            self.client = client if client is not None else EngineClient()
+        except EngineError as exc:
+            raise SandboxError(str(exc)) from exc
 
-    def start(self, spec: SandboxSpec) -> Container:
+    def start(self, spec: SandboxSpec) -> EngineContainer:
+        # create + start, not the CLI's run: that would pull a missing image.
+        query = {"name": spec.name} if spec.name else None
         try:
-            # create + start, not run: run() would try to pull a missing image.
-            container = self.client.containers.create(
-                spec.image, list(spec.command), name=spec.name, **hardened(spec)
-            )
-        except docker.errors.ImageNotFound as exc:
-            raise SandboxError(
-                f"image {spec.image} is missing; build it with: broker image build"
-            ) from exc
-        except docker.errors.DockerException as exc:
-            raise SandboxError(f"cannot create sandbox {spec.sandbox_id}: {exc}") from exc
+            made = self.client.call("POST", "/containers/create", create_body(spec), query=query)
+        except EngineError as exc:
+            raise self._refused(spec, exc) from exc
+        container = EngineContainer(self.client, {"Id": made["Id"]})
         try:
-            prove(spec, observe(self.inspect(container)), self.name)
-            container.start()
-        except docker.errors.DockerException as exc:
-            remove(container)
+            container.attrs = self.inspect(container)
+            prove(spec, observe(container.attrs), self.name)
+            self.client.call("POST", f"/containers/{quote(container.id)}/start")
+        except EngineError as exc:
+            self.remove(container)
             raise SandboxError(f"cannot start sandbox {spec.sandbox_id}: {exc}") from exc
         except BaseException:  # unproven, or a Ctrl-C mid-start: nobody else knows it yet
-            remove(container)
+            self.remove(container)
             raise
         return container
 
-    def inspect(self, container: Container) -> Mapping[str, Any]:
-        """The engine's inspect of a created container (docker-py fetched it on create)."""
-        return container.attrs
+    def _refused(self, spec: SandboxSpec, exc: EngineError) -> SandboxError:
+        if exc.status == 404 and "image" in str(exc).lower():
+            return SandboxError(f"image {spec.image} is missing; build it with: broker image build")
+        if exc.status == 0:
+            return SandboxError(f"{exc}; start the Docker engine with: bash scripts/docker-up.sh")
+        return SandboxError(f"cannot create sandbox {spec.sandbox_id}: {exc}")
+
+    def inspect(self, container: Any) -> Mapping[str, Any]:
+        """The engine's inspect of a created container."""
+        path = f"/containers/{quote(container.id)}/json"
+        found: Mapping[str, Any] = self.client.call("GET", path)
+        return found
 
     def remove(self, handle: Handle) -> None:
-        remove(handle)  # type: ignore[arg-type]
+        try:
+            self.client.call("DELETE", f"/containers/{quote(str(handle.id))}", query={"force": 1})
+        except EngineError as exc:
+            if exc.status in (404, 409):  # already gone, or its removal already under way
+                return
+            raise SandboxError(f"cannot remove container {handle.short_id}: {exc}") from exc
 
     def leftovers(self) -> list[Handle]:
-        for _ in range(3):  # the SDK inspects each listed container: one removed meanwhile 404s
-            try:
-                found = self.client.containers.list(all=True, filters={"label": LABEL})
-            except docker.errors.NotFound:
-                continue
-            except docker.errors.DockerException as exc:
-                raise SandboxError(f"cannot list sandbox containers: {exc}") from exc
-            return list(found)
-        raise SandboxError("cannot list sandbox containers: they kept changing while listed")
+        query = {"all": 1, "filters": json.dumps({"label": [LABEL]})}
+        try:
+            listed = self.client.call("GET", "/containers/json", query=query)
+        except EngineError as exc:
+            raise SandboxError(f"cannot list sandbox containers: {exc}") from exc
+        return [EngineContainer(self.client, attrs) for attrs in listed]
+
+    def image_labels(self, tag: str) -> Mapping[str, str] | None:
+        """The labels of image ``tag``; None when the engine has no such image."""
+        try:
+            found = self.client.call("GET", f"/images/{quote(tag)}/json")
+        except EngineError as exc:
+            if exc.status == 404:
+                return None
+            raise SandboxError(f"cannot inspect image {tag}: {exc}") from exc
+        return dict((found.get("Config") or {}).get("Labels") or {})
 
     def ensure_image(self, tag: str, *, force: bool = False, log: Log = print) -> str:
         from broker.hosting import images
 
-        return images.ensure_image(self.client, tag, force=force, log=log)
+        if not force and images.current(self.image_labels(tag)):
+            return tag  # the usual case: one inspect, and docker-py is not even imported
+        client = images.engine()
+        try:
+            return images.ensure_image(client, tag, force=force, log=log)
+        finally:
+            client.close()
 
     def image_env(self, tag: str) -> Mapping[str, str]:
-        env = self.client.images.get(tag).attrs["Config"]["Env"] or []
+        try:
+            found = self.client.call("GET", f"/images/{quote(tag)}/json")
+        except EngineError as exc:
+            raise SandboxError(f"cannot inspect image {tag}: {exc}") from exc
+        env = (found.get("Config") or {}).get("Env") or []
         return dict(item.split("=", 1) for item in env)
 
     def agent_uid(self) -> int:
         return SANDBOX_UID
 
     def close(self) -> None:
-        self.client.close()
+        """Nothing to close: every call opened and closed its own connection."""

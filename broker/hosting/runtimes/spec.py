@@ -5,11 +5,13 @@ no capabilities, no way to gain privileges, SANDBOX_UID, the limits, the outbox 
 read-write and the results read-only (plus a workspace and read-only extras when
 asked). Each runtime translates it into its own options (broker.hosting.runtimes.docker,
 .podman) and must then prove every property on the created container before it
-starts (broker.hosting.runtimes.proof).
+starts (broker.hosting.runtimes.proof). :func:`prepare_dirs` makes the two host
+directories a sandbox sees, with the owners and modes that make them safe.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -87,6 +89,7 @@ class SandboxSpec:
     name: str | None = None
     user: str = f"{SANDBOX_UID}:{SANDBOX_UID}"
     tmpfs: Mapping[str, str] = field(default_factory=dict)
+    entrypoint: tuple[str, ...] | None = None  # None: the image's own
 
     @property
     def memory(self) -> int:
@@ -147,3 +150,37 @@ def sandbox_spec(
         name=name,
         tmpfs={"/tmp": f"rw,exec,nosuid,nodev,size={limits.tmpfs_size},mode=1777"},
     )
+
+
+def prepare_dirs(state_dir: Path, sandbox_id: str, agent_uid: int = SANDBOX_UID) -> SandboxPaths:
+    """Create (or repair) the outbox and results directories of ``sandbox_id``.
+
+    The outbox is writable by ``agent_uid`` alone (the host uid that is SANDBOX_UID in
+    the sandbox: itself, or a rootless Podman user); the results directory belongs to
+    the broker and is only readable in the sandbox. Existing results are kept. Needs
+    root to give the outbox to another uid; raises SandboxError otherwise.
+    """
+    if not SANDBOX_ID.match(sandbox_id):
+        raise SandboxError(f"sandbox id {sandbox_id!r} must match {SANDBOX_ID.pattern[:-2]}")
+    sandboxes = state_dir / "sandboxes"
+    root = sandboxes / sandbox_id
+    paths = SandboxPaths(sandbox_id, root, root / "outbox", root / "results")
+    try:
+        sandboxes.mkdir(mode=0o700, parents=True, exist_ok=True)
+        root.mkdir(mode=0o755, exist_ok=True)
+        paths.outbox.mkdir(mode=0o700, exist_ok=True)
+        if paths.outbox.stat().st_uid != agent_uid or paths.outbox.stat().st_gid != agent_uid:
+            os.chown(paths.outbox, agent_uid, agent_uid)
+        paths.outbox.chmod(0o700)
+        paths.results.mkdir(mode=0o755, exist_ok=True)
+        if paths.results.stat().st_uid != os.getuid():
+            os.chown(paths.results, os.getuid(), os.getgid())
+        paths.results.chmod(0o755)
+    except PermissionError as exc:
+        raise SandboxError(
+            f"cannot prepare {root}: {exc.strerror}; the broker must run as root "
+            f"to hand the outbox to uid {agent_uid}"
+        ) from exc
+    except OSError as exc:
+        raise SandboxError(f"cannot prepare {root}: {exc.strerror or exc}") from exc
+    return paths

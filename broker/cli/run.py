@@ -1,0 +1,183 @@
+"""`broker run -- CMD ARGS`: one sandbox, served until it exits, on a path of its own.
+
+Every agent run pays for this command's start before its first line, so it parses
+with argparse and imports neither typer, rich nor docker-py (the engine's API is a
+few calls: broker.hosting.runtimes.engine). It starts like `broker serve` all the
+same (broker.cli.assembly): the same fault is the same one line, exit 2, before a
+sandbox exists. The pipeline is imported and the broker built on a thread of their
+own while the engine creates and starts the container (broker.hosting.runner).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
+from broker.cli.assembly import HELP, assemble, install_logging, notifier_for, on_signals
+from broker.errors import BrokerError
+from broker.untrusted import neutralize
+
+if TYPE_CHECKING:
+    from broker.cli.prompt import Prompt
+    from broker.config import Config
+    from broker.loop.pipeline import Broker
+    from broker.observability.telemetry import Telemetry
+    from broker.registry import Registry
+    from broker.web.server import WebServer
+
+__all__ = ["main", "parser"]
+
+DESCRIPTION = (
+    "Run CMD in a new sandbox and serve its outbox until it exits: broker run -- CMD ARGS."
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, as every other command's
+        fail(f"{message} (see: broker run --help)")
+
+
+def parser() -> argparse.ArgumentParser:
+    """`broker run`'s options, as `broker serve` names the ones they share."""
+    p = _Parser(
+        prog="broker run", usage="broker run [OPTIONS] -- CMD [ARGS]...", description=DESCRIPTION
+    )
+    p.add_argument("--image", help="the agent image (default: built-in)")
+    p.add_argument("--name", help="the sandbox id (default: random)")
+    p.add_argument("--workspace", type=Path, help=HELP["workspace"])
+    p.add_argument(
+        "--detach",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="start and leave it to `broker serve`",
+    )
+    p.add_argument("--runtime", help="docker or podman (default: [sandbox] runtime, else docker)")
+    p.add_argument("--config", type=Path, help=HELP["config"])
+    p.add_argument("--state", type=Path, help=HELP["state"])
+    p.add_argument("--policy", type=Path, help=HELP["policy"])
+    p.add_argument("--listen", metavar="HOST:PORT", help=HELP["listen"])
+    p.add_argument("--insecure-listen", action="store_true", help=HELP["insecure_listen"])
+    p.add_argument("-v", "--verbose", action="store_true", help=HELP["verbose"])
+    p.add_argument("--log-format", metavar="text|json", help=HELP["log_format"])
+    p.add_argument("command", nargs=argparse.REMAINDER, help="what runs in the sandbox")
+    return p
+
+
+def say(text: str) -> None:
+    """A line on stderr, neutralised: much of what `run` says comes from the sandbox."""
+    sys.stderr.write(neutralize(text) + "\n")
+    sys.stderr.flush()
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """One line on stderr, then exit `code` (the line `broker serve` gives)."""
+    say(f"error: {message}")
+    raise SystemExit(code)
+
+
+def main(argv: Sequence[str]) -> int:
+    """`broker run`'s whole life; its exit code is the sandbox's (130 on Ctrl-C)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # before the sandbox exists; after, _run says more
+        say("interrupted")
+        return 130
+
+
+def _main(argv: Sequence[str]) -> int:
+    args = parser().parse_args(list(argv))
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        fail("give the command to run after --, e.g. broker run -- python3 agent.py")
+    if args.log_format not in (None, "text", "json"):
+        fail(f"--log-format {args.log_format!r}: expected text or json")
+    if args.workspace is not None and not args.workspace.is_dir():
+        fail(f"--workspace {args.workspace}: not a directory")
+    try:
+        return _run(args, command)
+    except BrokerError as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
+
+
+def _run(args: argparse.Namespace, command: list[str]) -> int:
+    from broker.hosting.runner import RunOptions, run
+    from broker.masking import mask_logs
+    from broker.observability.telemetry import Telemetry
+
+    cfg, registry, policy, warnings = assemble(args.config, args.state, args.policy)
+    for warning in warnings:
+        say(f"warning: {warning}")
+    install_logging(args.verbose, True, args.log_format or cfg.log_format)
+    mask_logs(cfg.secret_values())  # no secret in any log line, from the web or a notifier
+    telemetry = Telemetry.from_config(cfg, registry)
+    prompt = _prompt(cfg, registry) if sys.stdin.isatty() and not args.detach else None
+    options = RunOptions(
+        command=command,
+        image=args.image,
+        name=args.name,
+        workspace=args.workspace.absolute() if args.workspace else None,
+        detach=args.detach,
+        on_pending=prompt,
+        notifier=notifier_for(cfg),
+        runtime=args.runtime,
+        say=say,
+        on_broker=_pr_threads(cfg),
+    )
+    on_signals(threading.Event(), None, interrupt=True)
+    web = _web(cfg, registry, args, telemetry)
+    try:
+        for line in telemetry.start(insecure=args.insecure_listen):
+            say(line)
+        return run(cfg, registry, policy, options)
+    except KeyboardInterrupt:
+        say("interrupted: the sandbox was removed")
+        return 130
+    finally:
+        if prompt is not None:
+            prompt.close()
+        if web is not None:
+            web.stop()
+        telemetry.close()
+
+
+def _prompt(cfg: Config, registry: Registry) -> Prompt:
+    """The terminal's prompt about what waits (rich is imported for a person only)."""
+    from broker.cli.prompt import Prompt
+
+    return Prompt(cfg, registry)
+
+
+def _pr_threads(cfg: Config) -> Callable[[Broker], Callable[[], None] | None]:
+    """GitHub's threads when approve_in_pr is set, imported on the serving thread."""
+
+    def attach(broker: Broker) -> Callable[[], None] | None:
+        from broker.integrations.github_cards import on_broker
+
+        return on_broker(cfg)(broker)
+
+    return attach
+
+
+def _web(
+    cfg: Config, registry: Registry, args: argparse.Namespace, telemetry: Telemetry
+) -> WebServer | None:
+    if not (args.listen or cfg.web):
+        return None  # no inbox asked for: fastapi and uvicorn are not even imported
+    from broker.web.server import start_web
+
+    server = start_web(
+        cfg,
+        registry,
+        args.listen,
+        insecure=args.insecure_listen,
+        metrics=telemetry.web_metrics,
+    )
+    if server is not None:
+        say(f"broker: web inbox on {server.url}")
+    return server
