@@ -246,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="leave the run's files behind")
     parser.add_argument("--out", type=Path, help="the results JSON (default: bench/results/)")
     args = parser.parse_args(argv)
+    # An installed broker has its bytecode (pip compiles it at install); with this set,
+    # every `broker run` and server the bench starts would compile ~200 modules first.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
     base = Path(tempfile.mkdtemp(prefix="broker-bench-", dir=args.dir))
     cells = cases.Cells(base)

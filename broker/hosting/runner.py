@@ -92,6 +92,7 @@ def _run(
     if image == images.DEFAULT_IMAGE:
         runtime.ensure_image(image, log=options.say)
     sandbox_id = new_sandbox_id(options.name)
+    fresh = not (config.sandboxes_dir / sandbox_id).exists()  # nothing of it in the ledger
     paths = prepare_dirs(config.state_dir, sandbox_id, runtime.agent_uid())
     spec = sandbox_spec(
         paths,
@@ -121,18 +122,19 @@ def _run(
     )
     life = _Life(runtime)
     starting = threading.Thread(
-        target=life.serve, args=(serving,), name="broker-serving-start", daemon=True
+        target=life.serve, args=(serving, fresh), name="broker-serving-start", daemon=True
     )
-    starting.start()  # the broker is built while the engine creates the container
+    starting.start()  # a broker is built, if at all, while the engine runs the container
     try:
         code = _attached(spec, runtime, options, life)
     finally:
+        serving.exited()
         starting.join()
         if life.failure is None:
             serving.finish()
     if life.failure is not None:
         raise life.failure
-    options.say(summary(config, sandbox_id, code))
+    options.say(summary(config, sandbox_id, code, asked=serving.engaged or not fresh))
     return code
 
 
@@ -146,9 +148,9 @@ class _Life:
         self._container: Handle | None = None
         self._lock = threading.Lock()
 
-    def serve(self, serving: Serving) -> None:
+    def serve(self, serving: Serving, fresh: bool) -> None:
         try:
-            serving.start()
+            serving.start(when_written=fresh)
         except BaseException as exc:
             with self._lock:
                 self.failure = exc
@@ -185,15 +187,18 @@ def _attached(spec: SandboxSpec, runtime: Runtime, options: RunOptions, life: _L
             runtime.remove(container)
 
 
-def summary(config: Config, sandbox_id: str, code: int) -> str:
-    from broker.fleet import qualify
-    from broker.store.factory import open_store
+def summary(config: Config, sandbox_id: str, code: int, *, asked: bool = True) -> str:
+    """What the sandbox's requests came to; `asked` False: it never wrote one."""
+    counts: dict[str, int] = {}
+    if asked:
+        from broker.fleet import qualify
+        from broker.store.factory import open_store
 
-    ledger = open_store(config)
-    try:
-        counts = ledger.counts(qualify(ledger.host, sandbox_id))
-    finally:
-        ledger.close()
+        ledger = open_store(config)
+        try:
+            counts = ledger.counts(qualify(ledger.host, sandbox_id))
+        finally:
+            ledger.close()
     parts = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "no requests"
     return f"sandbox {sandbox_id} exited with {code}: {parts}"
 

@@ -6,6 +6,7 @@ over: nothing the sandbox wrote waits for long, and nothing is served twice."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -60,15 +61,32 @@ class Serving:
         self._lock = threading.Lock()
         self._finishing = False
         self._detach: Callable[[], None] | None = None
+        self._exited = threading.Event()
+        self._nudge = threading.Event()  # the outbox changed, or the sandbox exited
+        self.engaged = False  # whether anything (the owner, or this process) served it
 
     @property
     def owner(self) -> bool:
         return self.broker is not None
 
-    def start(self) -> None:
-        """Hand the sandbox to the owner, or become the owner; raises what stops both."""
+    def start(self, *, when_written: bool = False) -> None:
+        """Hand the sandbox to the owner, or become the owner; raises what stops both.
+
+        With `when_written` (a new sandbox: nothing of it waits in the ledger) and no
+        owner serving, this process becomes the owner only once the sandbox writes into
+        its outbox, or is found to have written when it exits (:meth:`exited`): a run
+        whose agent asks for nothing builds no broker. Blocks until then."""
+        owner = ownership.served(self.config.state_dir)
+        if when_written and not owner and not self._await_write():
+            return
         with self._lock:
             self._attach(deadline=REAL.monotonic() + TAKEOVER_S)
+            self.engaged = True
+
+    def exited(self) -> None:
+        """The sandbox's container is gone: what is in its outbox is all it will write."""
+        self._exited.set()
+        self._nudge.set()
 
     def finish(self) -> None:
         """The sandbox exited: see what it left processed, then let go."""
@@ -88,6 +106,26 @@ class Serving:
         self._stop_own()
 
     # -- how ------------------------------------------------------------------------------
+
+    def _await_write(self) -> bool:
+        """Until the outbox holds anything (True) or the sandbox exited without (False)."""
+        from broker.intake.inotify import Inotify
+
+        outbox = self.config.sandboxes_dir / self.sandbox_id / "outbox"
+        try:
+            watch = Inotify(lambda folder, name, mask: self._nudge.set())
+        except OSError:
+            return True  # no inotify here: serve it from the start
+        try:
+            watch.add(outbox)  # in place before the first look: no write is missed
+            while not any(True for _ in os.scandir(outbox)):
+                if self._exited.is_set():
+                    return False
+                self._nudge.wait()
+                self._nudge.clear()
+            return True
+        finally:
+            watch.close()
 
     def _attach(self, deadline: float, client_ok: bool = True) -> None:
         """Serve through the owner if one answers, else as the owner (lock held)."""

@@ -55,8 +55,8 @@ def run(config: Path, name: str, script: str, **kw: object) -> subprocess.Comple
 INT = f"int-{uuid.uuid4().hex[:8]}"
 DET = f"det-{uuid.uuid4().hex[:8]}"
 TTY = f"tty-{uuid.uuid4().hex[:8]}"
-OK, BAD, TERM, NOTE, HAND = (
-    f"{n}-{uuid.uuid4().hex[:8]}" for n in ("ok", "bad", "term", "note", "hand")
+OK, BAD, TERM, NOTE, HAND, LAST = (
+    f"{n}-{uuid.uuid4().hex[:8]}" for n in ("ok", "bad", "term", "note", "hand", "last")
 )
 
 
@@ -81,6 +81,31 @@ def test_agent_request_is_applied_and_container_removed(
     assert f"sandbox {OK} exited with 0: 1 applied" in done.stderr
     assert (host.parent / "exports" / "out.txt").read_text() == "from the sandbox"
     assert containers(engine, OK) == []
+
+
+LAST_WORDS = """
+import json, os
+request = {"version": 1, "id": "last-words", "effect": "files.write",
+           "params": {"path": "last.txt", "content": "written as it exits"}}
+with open("/outbox/.last.tmp", "w") as f:
+    json.dump(request, f)
+os.rename("/outbox/.last.tmp", "/outbox/last-words.json")
+"""
+
+
+def test_a_request_written_as_the_agent_exits_is_still_applied(
+    host: Path, engine: docker.DockerClient
+) -> None:
+    """An agent that writes a request and exits at once, before any broker could have
+    answered (the run builds its broker only once the sandbox writes), still has it
+    applied and answered: the run drains what the sandbox left."""
+    done = run(host, LAST, LAST_WORDS)
+    assert done.returncode == 0, done.stderr
+    assert f"sandbox {LAST} exited with 0: 1 applied" in done.stderr
+    assert (host.parent / "exports" / "last.txt").read_text() == "written as it exits"
+    results = host.parent / "state" / "sandboxes" / LAST / "results"
+    assert '"applied"' in (results / "last-words.json").read_text()
+    assert containers(engine, LAST) == []
 
 
 def test_failing_agent_exit_code_is_returned_and_container_removed(
