@@ -71,6 +71,7 @@ def hardened(spec: SandboxSpec) -> dict[str, Any]:
         "pids_limit": spec.limits.pids,
         "mem_limit": spec.limits.memory,
         "nano_cpus": spec.limits.nano_cpus,
+        "entrypoint": None if spec.entrypoint is None else list(spec.entrypoint),
     }
 
 

@@ -44,6 +44,8 @@ def create_args(spec: SandboxSpec, keep_id: int | None = None) -> list[str]:
         args += ["--userns", f"keep-id:uid={uid},gid={gid}"]
     if spec.name:
         args += ["--name", spec.name]
+    if spec.entrypoint is not None:
+        args += ["--entrypoint", json.dumps(list(spec.entrypoint))]
     for key, value in spec.labels.items():
         args += ["--label", f"{key}={value}"]
     for key, value in spec.env.items():

@@ -87,6 +87,7 @@ class SandboxSpec:
     name: str | None = None
     user: str = f"{SANDBOX_UID}:{SANDBOX_UID}"
     tmpfs: Mapping[str, str] = field(default_factory=dict)
+    entrypoint: tuple[str, ...] | None = None  # None: the image's (a warm launcher sets /bin/sh)
 
     @property
     def memory(self) -> int:
