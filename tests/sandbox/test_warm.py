@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,10 +22,12 @@ from broker.hosting import warm
 from broker.hosting.runtimes.docker import DockerRuntime
 from broker.hosting.warm_keeper import WarmPool
 from broker.testing import BrokerHarness, FakeHandler
+from tests.support import eventually
 
 pytestmark = pytest.mark.docker
 
 MakePool = Callable[..., WarmPool]
+BROKER = str(Path(sys.executable).parent / "broker")
 
 
 @pytest.fixture
@@ -84,7 +89,7 @@ def test_a_pool_fills_with_proven_hardened_waiting_containers(
         assert attrs["State"]["Running"] is True
 
 
-ARGS = ["a b", "it's \"quoted\"", "$HOME", "two\nlines", "ünïcödé €", ""]
+ARGS = ["a b", 'it\'s "quoted"', "$HOME", "two\nlines", "ünïcödé €", ""]
 ECHO = "import json, os, sys; print(json.dumps([os.getpid(), *sys.argv[1:]])); sys.exit(3)"
 
 
@@ -253,3 +258,50 @@ def test_warm_zero_keeps_no_pool(tmp_path: Path) -> None:
 
     assert keeper_for(config_for(tmp_path)) is None
     assert warm.count(config_for(tmp_path, warm=3)) == 3
+
+
+FILES_AGENT = """
+import outbox
+r = outbox.request("files.write", {"path": "warm.txt", "content": "warm"}, timeout=60)
+print("AGENT", r["status"])
+"""
+
+
+def test_broker_serve_keeps_a_pool_that_another_process_takes_from(
+    tmp_path: Path, runtime: DockerRuntime, engine: docker.DockerClient
+) -> None:
+    """`broker serve` with warm = 1 fills the pool; a run elsewhere takes it (take +
+    launch), serve answers the agent; serve refills, and stopping it removes the pool."""
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    path = tmp_path / "broker.toml"
+    path.write_text(
+        f'[broker]\nstate_dir = "state"\n[sandbox]\nwarm = 1\n'
+        f'[integrations.files]\nroot = "{exports}"\nper_sandbox = false\n'
+    )
+    cfg = load_config(path)
+    log = (tmp_path / "serve.log").open("w")
+    serve = subprocess.Popen(
+        [BROKER, "serve", "--config", str(path)], stdin=subprocess.DEVNULL, stdout=log, stderr=log
+    )
+    try:
+        key = warm.settings(cfg, "docker").key
+
+        def ready() -> list[Path]:
+            """broker serve's pool holds its one sandbox"""
+            assert serve.poll() is None, (tmp_path / "serve.log").read_text()
+            return sorted((cfg.state_dir / "warm" / key).glob("sb-*"))
+
+        eventually(ready, timeout=60)
+        taken = warm.take(cfg, "docker", runtime=runtime)
+        assert taken is not None
+        handle = warm.launch(taken, ["python3", "-c", FILES_AGENT], runtime)
+        code, output = run_to_end(runtime, handle)
+        assert (code, output.strip()) == (0, "AGENT applied")
+        assert (exports / "warm.txt").read_text() == "warm"
+        eventually(lambda: [p for p in ready() if p.name != taken.sandbox_id], timeout=60)
+    finally:
+        serve.send_signal(signal.SIGINT)
+        assert serve.wait(60) == 0, (tmp_path / "serve.log").read_text()
+        log.close()
+    assert warm_containers(engine, key) == []
