@@ -305,3 +305,22 @@ def test_broker_serve_keeps_a_pool_that_another_process_takes_from(
         assert serve.wait(60) == 0, (tmp_path / "serve.log").read_text()
         log.close()
     assert warm_containers(engine, key) == []
+
+
+def test_broker_sandbox_ls_and_rm_see_pooled_containers(make_pool: MakePool) -> None:
+    """A pooled container is listed as such and removed like any leftover; the
+    keeper's next sweep drops its entry and dirs."""
+    pool = make_pool(1)
+    pool.keep()
+    [entry] = pool.idle()
+    listed = subprocess.run(
+        [BROKER, "sandbox", "ls", "--json"], capture_output=True, text=True, timeout=60
+    )
+    rows = {row["sandbox"]: row for row in json.loads(listed.stdout)}
+    assert rows[entry.name]["status"] == "running (warm pool)"
+    removed = subprocess.run(
+        [BROKER, "sandbox", "rm", entry.name], capture_output=True, text=True, timeout=60
+    )
+    assert removed.stdout.strip() == "removed 1 container(s)", removed.stderr
+    pool.sweep()
+    assert pool.idle() == [] and not (pool.state_dir / "sandboxes" / entry.name).exists()
