@@ -98,6 +98,7 @@ def settings(config: Config, runtime_name: str, **extra: Any) -> Settings:
     from broker.hosting.runner import extra_env, limits_from
 
     image = str(config.sandbox.get("image", images.DEFAULT_IMAGE))
+    extra = {"state_dir": str(config.state_dir), **extra}  # a pool's label names its own
     return Settings(runtime_name, image, limits_from(config), extra_env(config), extra)
 
 
