@@ -324,3 +324,60 @@ def test_broker_sandbox_ls_and_rm_see_pooled_containers(make_pool: MakePool) -> 
     assert removed.stdout.strip() == "removed 1 container(s)", removed.stderr
     pool.sweep()
     assert pool.idle() == [] and not (pool.state_dir / "sandboxes" / entry.name).exists()
+
+
+TAKE = """
+import sys
+from pathlib import Path
+from broker.config import Config
+from broker.hosting import warm
+taken = warm.take(Config(state_dir=Path(sys.argv[1])), "docker")
+print(taken.sandbox_id if taken else "none")
+"""
+
+
+def test_another_process_takes_one_and_never_the_same(make_pool: MakePool) -> None:
+    """A taker in another process claims one entry; this process gets the other; then
+    there is none (the keeper is not refilling)."""
+    pool = make_pool(2)
+    pool.keep()
+    ids = {p.name for p in pool.idle()}
+    other = subprocess.run(
+        [sys.executable, "-c", TAKE, str(pool.state_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    theirs = other.stdout.strip()
+    assert theirs in ids, other.stderr
+    mine = pool.take()
+    assert mine is not None and {mine.sandbox_id, theirs} == ids
+    assert pool.take() is None
+    pool.sweep()  # theirs is claimed, never launched: kept until it is stale
+    claimed = pool.root / ".claimed" / theirs
+    assert claimed.exists()
+    warm.discard(mine, pool.runtime)
+    warm.discard(warm.Warm.read(claimed, pool.state_dir), pool.runtime)
+
+
+def test_a_podman_pool_runs_the_command_handed_over(podman_runtime: Any, tmp_path: Path) -> None:
+    """The same launcher on rootful Podman (--entrypoint): argv literal, exit code kept."""
+    from broker.hosting import images
+
+    podman_runtime.ensure_image(images.DEFAULT_IMAGE)
+    cfg = config_for(tmp_path / "state")
+    pool = WarmPool(podman_runtime, cfg.state_dir, warm.settings(cfg, "podman"), 1)
+    try:
+        pool.keep()
+        taken = pool.take()
+        assert taken is not None
+        handle = warm.launch(taken, ["python3", "-c", ECHO, *ARGS], podman_runtime)
+        try:
+            code = int(handle.wait(timeout=60)["StatusCode"])
+            output = handle.logs(stdout=True, stderr=True).decode()
+        finally:
+            podman_runtime.remove(handle)
+        assert code == 3
+        assert json.loads(output) == [1, *ARGS]
+    finally:
+        pool.close()
