@@ -13,8 +13,9 @@ On disk, beside the sandbox's usual ``<state>/sandboxes/<id>/{outbox,results}``:
     <state>/warm/<key>/<sandbox id>      an idle one (Warm.to_json)
     <state>/warm/.claimed/<sandbox id>   taken, its command not yet handed over
 
-``key`` hashes what the container was created with (runtime, image, limits, env): a
-run takes only one made as it would make its own. Taking is a rename into .claimed/:
+``key`` hashes what the container was created with (runtime, image, limits, env) and
+the state dir: a run takes only one made as it would make its own, and the key, also
+the containers' WARM_LABEL value, names one pool on an engine shared by state dirs. Taking is a rename into .claimed/:
 exactly one taker wins, across processes.
 """
 
@@ -35,11 +36,12 @@ from broker.clock import REAL, Clock
 from broker.config import Config
 from broker.errors import ConfigError, SandboxError
 from broker.hosting.runtimes.base import Handle, Runtime
-from broker.hosting.runtimes.spec import SandboxLimits, SandboxPaths
+from broker.hosting.runtimes.spec import LABEL, SandboxLimits, SandboxPaths
 from broker.hosting.warm_runtime import find
 
 __all__ = [
     "FIFO",
+    "LABEL",
     "LAUNCHER",
     "WARM_LABEL",
     "Settings",

@@ -23,7 +23,7 @@ from broker.config import Config
 from broker.errors import SandboxError
 from broker.hosting import sandbox
 from broker.hosting.runtimes.base import Runtime
-from broker.hosting.runtimes.spec import SANDBOX_UID, sandbox_spec
+from broker.hosting.runtimes.spec import LABEL, SANDBOX_UID, sandbox_spec
 from broker.hosting.warm import CLAIMED, FIFO, LAUNCHER, WARM_LABEL, Settings, Warm, claim, discard
 from broker.hosting.warm_runtime import find, image_entrypoint
 
@@ -193,6 +193,11 @@ class WarmPool:
             except Exception as exc:
                 log.warning("warm pool: no image %s: %s", self.settings.image, exc)
                 return
+        try:
+            with self._lock:
+                self.reap()
+        except Exception as exc:
+            log.warning("warm pool: %s", exc)
         while not self._stop.is_set():
             self._wake.clear()
             try:
@@ -236,6 +241,23 @@ class WarmPool:
                 discard(warm, self.runtime)
             elif stale:  # handed over, its entry left: the run owns the container
                 entry.unlink(missing_ok=True)
+
+    def reap(self) -> None:
+        """Remove this pool's containers that have no entry and still wait for their
+        command (a keeper that died between starting one and writing its entry)."""
+        claimed = self.root / CLAIMED
+        known = {p.name for p in self.idle()}
+        known |= {p.name for p in claimed.iterdir()} if claimed.is_dir() else set()
+        for handle in self.runtime.leftovers():
+            sandbox_id = handle.labels.get(LABEL, "")
+            if handle.labels.get(WARM_LABEL) != self.key or sandbox_id in known:
+                continue
+            root = self.state_dir / "sandboxes" / sandbox_id
+            if not (root / "results" / FIFO).exists():  # handed over: a run's now
+                continue
+            log.info("warm pool: removing %s, left without its entry", sandbox_id)
+            self.runtime.remove(handle)
+            _rmtree(root)
 
     def _keys(self) -> list[Path]:
         if not self.root.is_dir():

@@ -189,6 +189,21 @@ def test_a_new_keeper_removes_a_crashed_keepers_dead_entries(
     assert not dead.paths.root.exists()
 
 
+def test_a_container_left_without_its_entry_is_reaped(
+    make_pool: MakePool, engine: docker.DockerClient
+) -> None:
+    """A keeper that died between starting a container and writing its entry left it
+    waiting: the next keeper's reap removes it and its dirs, and nothing else."""
+    old = make_pool(2)
+    old.keep()
+    lost, kept = (warm.Warm.read(p, old.state_dir) for p in old.idle())
+    lost.entry.unlink()
+    new = make_pool(2)
+    new.reap()
+    assert [c.labels[warm.LABEL] for c in warm_containers(engine, new.key)] == [kept.sandbox_id]
+    assert not lost.paths.root.exists() and kept.paths.root.exists()
+
+
 def test_a_changed_config_replaces_the_old_entries(
     make_pool: MakePool, engine: docker.DockerClient
 ) -> None:
