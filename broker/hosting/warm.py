@@ -15,8 +15,8 @@ On disk, beside the sandbox's usual ``<state>/sandboxes/<id>/{outbox,results}``:
 
 ``key`` hashes what the container was created with (runtime, image, limits, env) and
 the state dir: a run takes only one made as it would make its own, and the key, also
-the containers' WARM_LABEL value, names one pool on an engine shared by state dirs. Taking is a rename into .claimed/:
-exactly one taker wins, across processes.
+the containers' WARM_LABEL value, names one pool on an engine shared by state dirs.
+Taking is a rename into .claimed/: exactly one taker wins, across processes.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import os
 import shlex
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -173,16 +173,23 @@ def take(
     runtime_name: str,
     *,
     runtime: Runtime | None = None,
+    image: str | None = None,
     root: Path | None = None,
     key: str | None = None,
 ) -> Warm | None:
-    """A pooled sandbox made as `broker run` would make one, claimed; None: none ready.
+    """A pooled sandbox made as `broker run` would make one, claimed; None: none ready
+    (or [sandbox] warm is 0). ``image``: the run's, when not [sandbox] image's.
 
     Works in any process, with or without a keeper in it. With ``runtime``, one whose
     container has gone or stopped is discarded and the next tried; without, `launch`
-    finds that out. Workspace and named runs are never served from the pool."""
+    finds that out. Workspace and named runs are never served from the pool: their
+    caller does not ask."""
+    if count(config) == 0:
+        return None
     root = root or pool_root(config)
-    key = key or settings(config, runtime_name).key
+    if key is None:
+        found = settings(config, runtime_name)
+        key = (replace(found, image=image) if image else found).key
     while True:
         warm = claim(root, key, config.state_dir)
         if warm is None or runtime is None:

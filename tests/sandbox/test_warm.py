@@ -37,7 +37,7 @@ def runtime(engine: docker.DockerClient, agent_image: str) -> DockerRuntime:
 
 
 def config_for(state: Path, **sandbox: Any) -> Config:
-    return Config(state_dir=state, sandbox=sandbox)
+    return Config(state_dir=state, sandbox={"warm": 2, **sandbox})
 
 
 @pytest.fixture
@@ -204,6 +204,31 @@ def test_a_container_left_without_its_entry_is_reaped(
     assert not lost.paths.root.exists() and kept.paths.root.exists()
 
 
+class Unproven(DockerRuntime):
+    """Docker whose inspect reports a network: the proof must refuse the container."""
+
+    def inspect(self, container: Any) -> Any:
+        attrs = dict(container.attrs)
+        attrs["HostConfig"] = {**attrs["HostConfig"], "NetworkMode": "bridge"}
+        return attrs
+
+
+def test_a_pooled_container_is_proven_before_it_starts(
+    engine: docker.DockerClient, agent_image: str, tmp_path: Path
+) -> None:
+    """One that fails its proof never starts, never enters the pool, leaves nothing."""
+    cfg = config_for(tmp_path / "state")
+    pool = WarmPool(Unproven(engine), cfg.state_dir, warm.settings(cfg, "docker"), 1)
+    try:
+        with pytest.raises(SandboxError, match="network is 'bridge'"):
+            pool.keep()
+        assert pool.idle() == []
+        assert list((cfg.state_dir / "sandboxes").iterdir()) == []
+        assert warm_containers(engine, pool.key) == []
+    finally:
+        pool.close()
+
+
 def test_a_changed_config_replaces_the_old_entries(
     make_pool: MakePool, engine: docker.DockerClient
 ) -> None:
@@ -268,10 +293,11 @@ def test_a_bad_warm_setting_is_one_config_error(tmp_path: Path, value: object) -
 
 
 def test_warm_zero_keeps_no_pool(tmp_path: Path) -> None:
-    """The default: no keeper at all."""
+    """The default: no keeper at all, and take() looks no further."""
     from broker.hosting.warm_keeper import keeper_for
 
-    assert keeper_for(config_for(tmp_path)) is None
+    assert keeper_for(Config(state_dir=tmp_path)) is None
+    assert warm.take(Config(state_dir=tmp_path), "docker") is None
     assert warm.count(config_for(tmp_path, warm=3)) == 3
 
 
@@ -346,7 +372,7 @@ import sys
 from pathlib import Path
 from broker.config import Config
 from broker.hosting import warm
-taken = warm.take(Config(state_dir=Path(sys.argv[1])), "docker")
+taken = warm.take(Config(state_dir=Path(sys.argv[1]), sandbox={"warm": 2}), "docker")
 print(taken.sandbox_id if taken else "none")
 """
 
