@@ -33,7 +33,7 @@ from bench.rounds import Run
 RESULTS = Path(__file__).resolve().parent / "results"
 SECTIONS = (
     *("baseline", "broker", "many", "fleet", "sandbox", "idle", "start", "peers", "agents"),
-    "credentials",
+    *("credentials", "warm"),
 )
 
 
@@ -121,11 +121,11 @@ def _servers(
 def _containers(run: Run, cells: cases.Cells, plan: cases.Plan, want: set[str]) -> None:
     """Sections 3 and 5: their work runs in containers, which the bench cannot count as
     its own CPU; their rounds are judged by the probes at their edges."""
-    if "sandbox" in want or "start" in want:
+    if want & {"sandbox", "start", "warm"}:
         why = cases.docker_ready()
         if why:
-            run.notes.append(f"sandbox and start sections skipped: {why}")
-            want -= {"sandbox", "start"}
+            run.notes.append(f"sandbox, start and warm sections skipped: {why}")
+            want -= {"sandbox", "start", "warm"}
     if "sandbox" in want:
         n, b = plan.sandbox_seq_n, plan.sandbox_burst_n
         for r in range(plan.sandbox_repeats):
@@ -146,6 +146,14 @@ def _containers(run: Run, cells: cases.Cells, plan: cases.Plan, want: set[str]) 
                 with run.round("start", own_known=False):
                     run.add("start", starts.once(reverse=bool(r % 2)))
         _say("start done")
+    if "warm" in want:  # the pool's idle cost and a start from it
+        from bench import warm
+
+        with run.round("warm", own_known=False):
+            window = 5.0 if plan is cases.QUICK else 20.0
+            found = warm.measure(cells.new("warm"), window_s=window, repeats=plan.start_repeats)
+            run.add("warm", found)
+        _say("warm done")
 
 
 def _others(

@@ -13,6 +13,7 @@ from typing import Any
 
 from bench import credentials as credential_rows
 from bench import quiet
+from bench import warm as warm_rows
 from bench.rounds import Run
 from bench.stats import Figure
 
@@ -232,6 +233,7 @@ def table(run: Run) -> tuple[str, list[dict[str, Any]]]:
     _cpu_and_memory(run, lines)
     _idle(run, lines, rows)
     _start(run, lines, rows)
+    warm_rows.lines_into(run, lines, rows)
     _agents(run, lines, rows)
     credential_rows.lines_into(run, lines, rows)
     lines.append("(x) in parentheses: from noisy rounds only, not a figure to quote")

@@ -284,7 +284,7 @@ def load_config(
         policy_path=policy_path.absolute() if policy_path else None,
         limits=_limits(section),
         integrations=integrations,
-        sandbox=data.get("sandbox", {}),
+        sandbox=_sandbox(data),
         notify=data.get("notify", {}),
         web=data.get("web", {}),
         approvers=data.get("approvers", {}),
@@ -303,6 +303,18 @@ def load_config(
         staged=Staged.parse(section.get("staged", False)),
         log_format=_log_format(section.get("log_format", "text")),
     )
+
+
+def _sandbox(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """[sandbox], its warm pool's size checked (the other keys are read where used)."""
+    section: Mapping[str, Any] = data.get("sandbox", {})
+    warm = section.get("warm", 0)
+    if not isinstance(warm, int) or isinstance(warm, bool) or warm < 0:
+        raise ConfigError(
+            f"sandbox.warm: expected a whole number of containers kept ready (0: none), "
+            f"got {warm!r}"
+        )
+    return section
 
 
 def _log_format(value: Any) -> str:

@@ -28,7 +28,7 @@ T = TypeVar("T")
 
 def chosen_runtime(chosen: str | None, config: ConfigOpt) -> str:
     """--runtime, else [sandbox] runtime of broker.toml, else docker."""
-    from broker.hosting.runner import runtime_name
+    from broker.hosting.runtimes import runtime_name
 
     return chosen or runtime_name(config_only(config, None))
 
@@ -90,13 +90,14 @@ def sandbox_ls(
 
 def _listing(rt: Runtime) -> list[dict[str, str]]:
     from broker.hosting.runtimes.spec import LABEL
+    from broker.hosting.warm import WARM_LABEL
 
     return [
         {
             "sandbox": c.labels.get(LABEL, "?"),
             "container": c.short_id,
             "name": str(c.name),
-            "status": c.status,
+            "status": c.status + (" (warm pool)" if WARM_LABEL in c.labels else ""),
         }
         for c in rt.leftovers()
     ]

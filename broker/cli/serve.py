@@ -82,6 +82,9 @@ def serve(
 
             d.cfg = dataclasses.replace(d.cfg, staged=EVERY)
         broker, cards = guarded(lambda: _broker(d, outbox, results, sandbox, root, claim))
+        from broker.hosting.warm_keeper import keeper_for
+
+        pool = guarded(lambda: keeper_for(d.cfg))  # [sandbox] warm = N: N sandboxes ready
         served = ", ".join(sorted(broker.outboxes)) or "none yet"
         d.start(
             wake=broker.wake,
@@ -91,6 +94,8 @@ def serve(
         try:
             guarded(lambda: broker.serve(d.stop))
         finally:
+            if pool is not None:
+                pool.close()
             if cards is not None:  # after the broker: its last observers have run
                 cards.close()
 

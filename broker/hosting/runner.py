@@ -13,14 +13,15 @@ import secrets
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from broker.config import Config
-from broker.hosting import images
-from broker.hosting.runtimes import open_runtime
+from broker.hosting import images, warm
+from broker.hosting.runtimes import extra_env, limits_from, open_runtime, runtime_name
 from broker.hosting.runtimes.base import Handle, Runtime
-from broker.hosting.runtimes.spec import SandboxLimits, SandboxSpec, prepare_dirs, sandbox_spec
+from broker.hosting.runtimes.spec import SandboxSpec, prepare_dirs, sandbox_spec
 from broker.hosting.serving import OnBroker, Serving
 
 if TYPE_CHECKING:
@@ -50,32 +51,6 @@ def new_sandbox_id(name: str | None) -> str:
     return name or f"sb-{secrets.token_hex(4)}"
 
 
-def limits_from(config: Config) -> SandboxLimits:
-    """[sandbox] pids, memory, cpus, tmpfs from broker.toml, over sane defaults."""
-    section = config.sandbox
-    base = SandboxLimits()
-    cpus = section.get("cpus")
-    return SandboxLimits(
-        pids=int(section.get("pids", base.pids)),
-        memory=str(section.get("memory", base.memory)),
-        nano_cpus=int(float(cpus) * 1e9) if cpus is not None else base.nano_cpus,
-        tmpfs_size=str(section.get("tmpfs", base.tmpfs_size)),
-    )
-
-
-def extra_env(config: Config) -> dict[str, str]:
-    """Only what [sandbox] env explicitly lists: names whose values come from the host."""
-    import os
-
-    names = config.sandbox.get("env", [])
-    return {name: os.environ[name] for name in names if name in os.environ}
-
-
-def runtime_name(config: Config, chosen: str | None = None) -> str:
-    """--runtime, else [sandbox] runtime, else docker."""
-    return chosen or str(config.sandbox.get("runtime", "docker"))
-
-
 def run(config: Config, registry: Registry, policy: Policy, options: RunOptions) -> int:
     """Start the sandbox, serve it until it exits, drain, summarise; return its exit code."""
     runtime = open_runtime(runtime_name(config, options.runtime))
@@ -89,27 +64,25 @@ def _run(
     config: Config, registry: Registry, policy: Policy, options: RunOptions, runtime: Runtime
 ) -> int:
     image = options.image or str(config.sandbox.get("image", images.DEFAULT_IMAGE))
-    if image == images.DEFAULT_IMAGE:
-        runtime.ensure_image(image, log=options.say)
-    sandbox_id = new_sandbox_id(options.name)
-    fresh = not (config.sandboxes_dir / sandbox_id).exists()  # nothing of it in the ledger
-    paths = prepare_dirs(config.state_dir, sandbox_id, runtime.agent_uid())
-    spec = sandbox_spec(
-        paths,
-        image,
-        options.command,
-        limits=limits_from(config),
-        env=extra_env(config),
-        workspace=options.workspace,
-        name=f"broker-{sandbox_id}",
-    )
-    if options.detach:
-        detached = runtime.start(spec)
-        options.say(
-            f"sandbox {sandbox_id} started (container {detached.short_id}); "
-            "serve it with: broker serve"
-        )
-        return 0
+    taken = _take_warm(config, options, runtime, image)
+    if taken is not None:  # made, proven and started ahead: only its command is handed over
+        sandbox_id = taken.sandbox_id
+        fresh = True
+        start: Callable[[], Handle] = partial(warm.launch, taken, options.command, runtime)
+    else:
+        if image == images.DEFAULT_IMAGE:
+            runtime.ensure_image(image, log=options.say)
+        sandbox_id = new_sandbox_id(options.name)
+        fresh = not (config.sandboxes_dir / sandbox_id).exists()  # nothing of it in the ledger
+        spec = _cold_spec(config, options, runtime, sandbox_id, image)
+        if options.detach:
+            detached = runtime.start(spec)
+            options.say(
+                f"sandbox {sandbox_id} started (container {detached.short_id}); "
+                "serve it with: broker serve"
+            )
+            return 0
+        start = partial(runtime.start, spec)
     serving = Serving(
         config,
         registry,
@@ -126,7 +99,7 @@ def _run(
     )
     starting.start()  # a broker is built, if at all, while the engine runs the container
     try:
-        code = _attached(spec, runtime, options, life)
+        code = _attached(start, sandbox_id, image, options, life)
     finally:
         serving.exited()
         starting.join()
@@ -136,6 +109,32 @@ def _run(
         raise life.failure
     options.say(summary(config, sandbox_id, code, asked=serving.engaged or not fresh))
     return code
+
+
+def _take_warm(
+    config: Config, options: RunOptions, runtime: Runtime, image: str
+) -> warm.Warm | None:
+    """A pooled sandbox ([sandbox] warm = N, kept by `broker serve`) made as this run
+    would make its own; never for a detached, named or workspace run (their container
+    or mounts are fixed at creation)."""
+    if options.detach or options.name is not None or options.workspace is not None:
+        return None
+    return warm.take(config, runtime.name, runtime=runtime, image=image)
+
+
+def _cold_spec(
+    config: Config, options: RunOptions, runtime: Runtime, sandbox_id: str, image: str
+) -> SandboxSpec:
+    paths = prepare_dirs(config.state_dir, sandbox_id, runtime.agent_uid())
+    return sandbox_spec(
+        paths,
+        image,
+        options.command,
+        limits=limits_from(config),
+        env=extra_env(config),
+        workspace=options.workspace,
+        name=f"broker-{sandbox_id}",
+    )
 
 
 class _Life:
@@ -166,15 +165,16 @@ class _Life:
             raise failure
 
 
-def _attached(spec: SandboxSpec, runtime: Runtime, options: RunOptions, life: _Life) -> int:
+def _attached(
+    start: Callable[[], Handle], sandbox_id: str, image: str, options: RunOptions, life: _Life
+) -> int:
     """Run the container to its end, its output streamed; it is removed in every case."""
     container: Handle | None = None
+    runtime = life.runtime
     try:
-        container = runtime.start(spec)
+        container = start()
         life.started(container)
-        options.say(
-            f"sandbox {spec.sandbox_id}: running {' '.join(options.command)} in {spec.image}"
-        )
+        options.say(f"sandbox {sandbox_id}: running {' '.join(options.command)} in {image}")
         output = threading.Thread(
             target=_stream_logs, args=(container, options.say), name="sandbox-logs", daemon=True
         )

@@ -38,12 +38,14 @@ from autogen_ext.code_executors._common import CommandLineCodeResult
 
 from broker.config import Config, load_config
 from broker.errors import SandboxError
-from broker.hosting import images, sandbox
+from broker.hosting import images, sandbox, warm
+from broker.hosting.runtimes.docker import DockerRuntime
 from broker.integrations import autogen_compat as compat
+from broker.integrations import autogen_warm
 from broker.integrations import embedded as hosting
 from broker.integrations.autogen_runs import result as _result
 from broker.integrations.autogen_runs import run_all
-from broker.integrations.blocks import INTERPRETERS, Container
+from broker.integrations.blocks import INTERPRETERS, REAPER, Container
 
 __all__ = ["ApprovalFunc", "SandboxCodeExecutor", "approval_func"]
 
@@ -191,10 +193,12 @@ class SandboxCodeExecutor(CodeExecutor, Component[compat.SandboxCodeExecutorConf
 
     def _start(self) -> None:
         cfg = self._config = load_config(self._config_path)
-        served = self._served = hosting.serve(cfg, f"autogen-{secrets.token_hex(4)}")
+        taken = self._take_warm(cfg)
+        sandbox_id = taken.sandbox_id if taken else f"autogen-{secrets.token_hex(4)}"
+        served = self._served = hosting.serve(cfg, sandbox_id)
         try:
             self._work_dir = self._workspace(served.paths)
-            self._container = self._new_container()
+            self._container = self._launch(taken) if taken else self._new_container()
             self._init()
         except BaseException:
             self._stop()
@@ -208,8 +212,27 @@ class SandboxCodeExecutor(CodeExecutor, Component[compat.SandboxCodeExecutorConf
             if code != 0:
                 raise SandboxError(f"init_command exited {code}: {output.strip()[-500:]}")
 
+    def _take_warm(self, cfg: Config) -> warm.Warm | None:
+        """A ready container from this process's pool ([sandbox] warm = N), unless what
+        this executor mounts or names is fixed at creation."""
+        if self._work_dir_arg or self._container_name or self._mounts:
+            return None
+        image = self._image or str(cfg.sandbox.get("image", images.DEFAULT_IMAGE))
+        pool = autogen_warm.pool_for(cfg, image)
+        return pool.take() if pool is not None else None
+
+    def _launch(self, taken: warm.Warm) -> Container:
+        """Hand the pooled container its reaper as PID 1; it is this executor's now."""
+        handle = warm.launch(taken, ["python3", "-c", REAPER], DockerRuntime())
+        client = sandbox.engine()  # blocks `exec` through docker-py
+        try:
+            return Container.adopt(client, client.containers.get(str(handle.id)), self._user)
+        except BaseException:
+            client.close()
+            raise
+
     def _new_container(self) -> Container:
-        from broker.hosting.runner import extra_env, limits_from
+        from broker.hosting.runtimes import extra_env, limits_from
 
         cfg, paths = self.config, self._paths
         client = sandbox.engine()

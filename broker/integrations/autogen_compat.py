@@ -153,14 +153,14 @@ def reap_orphans(client: docker.DockerClient) -> int:
         return 0
     for container in found:
         host, _, pid = str(container.labels.get(EXECUTOR_LABEL, "")).rpartition(":")
-        if host != me or not pid.isdigit() or _alive(int(pid)):
+        if host != me or not pid.isdigit() or alive(int(pid)):
             continue
         sandbox.remove(container)
         reaped += 1
     return reaped
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -159,6 +159,13 @@ class Container:
             labels=labels,
         )
 
+    @classmethod
+    def adopt(cls, client: docker.DockerClient, container: Any, user: str) -> Container:
+        """A sandbox container already started with the reaper as PID 1 (a warm pool's)."""
+        adopted = cls.__new__(cls)
+        adopted._client, adopted._user, adopted._container = client, user, container
+        return adopted
+
     @property
     def id(self) -> str:
         return str(self._container.id)

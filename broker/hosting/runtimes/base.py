@@ -59,6 +59,12 @@ class Runtime(Protocol):
     def image_env(self, tag: str) -> Mapping[str, str]:
         """The environment an image sets (what a sandbox may see besides the spec's)."""
 
+    def image_entrypoint(self, tag: str) -> tuple[str, ...]:
+        """The image's ENTRYPOINT, empty when it has none (a warm launcher replaces it)."""
+
+    def get(self, container_id: str) -> Handle | None:
+        """A sandbox container by its id (another process may have made it); None: gone."""
+
     def agent_uid(self) -> int:
         """The host uid that owns what the sandbox's SANDBOX_UID writes."""
 

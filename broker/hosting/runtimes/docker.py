@@ -159,12 +159,29 @@ class DockerRuntime:
             client.close()
 
     def image_env(self, tag: str) -> Mapping[str, str]:
+        env = self._image_config(tag).get("Env") or []
+        return dict(item.split("=", 1) for item in env)
+
+    def image_entrypoint(self, tag: str) -> tuple[str, ...]:
+        return tuple(self._image_config(tag).get("Entrypoint") or ())
+
+    def _image_config(self, tag: str) -> Mapping[str, Any]:
         try:
             found = self.client.call("GET", f"/images/{quote(tag)}/json")
         except EngineError as exc:
             raise SandboxError(f"cannot inspect image {tag}: {exc}") from exc
-        env = (found.get("Config") or {}).get("Env") or []
-        return dict(item.split("=", 1) for item in env)
+        config: Mapping[str, Any] = found.get("Config") or {}
+        return config
+
+    def get(self, container_id: str) -> EngineContainer | None:
+        container = EngineContainer(self.client, {"Id": container_id})
+        try:
+            container.attrs = self.inspect(container)
+        except EngineError as exc:
+            if exc.status == 404:
+                return None
+            raise SandboxError(f"cannot inspect container {container_id[:12]}: {exc}") from exc
+        return container
 
     def agent_uid(self) -> int:
         return SANDBOX_UID

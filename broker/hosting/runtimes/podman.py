@@ -44,6 +44,8 @@ def create_args(spec: SandboxSpec, keep_id: int | None = None) -> list[str]:
         args += ["--userns", f"keep-id:uid={uid},gid={gid}"]
     if spec.name:
         args += ["--name", spec.name]
+    if spec.entrypoint is not None:
+        args += ["--entrypoint", json.dumps(list(spec.entrypoint))]
     for key, value in spec.labels.items():
         args += ["--label", f"{key}={value}"]
     for key, value in spec.env.items():
@@ -185,6 +187,18 @@ class PodmanRuntime:
     def image_env(self, tag: str) -> Mapping[str, str]:
         found = json.loads(self.podman("image", "inspect", tag))
         return dict(item.split("=", 1) for item in found[0]["Config"].get("Env") or [])
+
+    def image_entrypoint(self, tag: str) -> tuple[str, ...]:
+        found = json.loads(self.podman("image", "inspect", tag))
+        return tuple(found[0].get("Config", {}).get("Entrypoint") or ())
+
+    def get(self, container_id: str) -> PodmanContainer | None:
+        try:
+            attrs = self.podman.inspect(container_id)
+        except SandboxError:
+            return None
+        labels = (attrs.get("Config") or {}).get("Labels") or {}
+        return PodmanContainer(self.podman, str(attrs["Id"]), attrs.get("Name"), labels)
 
     def agent_uid(self) -> int:
         """Rootful: SANDBOX_UID itself; rootless: the user (keep-id maps it inside)."""

@@ -1,0 +1,314 @@
+"""The keeper of a warm pool: keeps N proven, started, waiting sandboxes of one key.
+
+`broker serve` keeps one when ``[sandbox] warm = N`` (N > 0); the AutoGen executor
+keeps its own. The keeper's thread starts with :meth:`WarmPool.start` and is joined by
+:meth:`WarmPool.close`, which removes every idle sandbox of the pool. Each pass it
+removes entries of another key (the config changed) and entries whose container has
+gone (a crashed keeper's, or one removed behind its back), and claimed entries a taker
+never handed a command to, then creates what is missing, one at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+
+from broker.clock import REAL, Clock
+from broker.config import Config
+from broker.errors import SandboxError
+from broker.hosting.runtimes.base import Runtime
+from broker.hosting.runtimes.spec import LABEL, SANDBOX_UID, prepare_dirs, sandbox_spec
+from broker.hosting.warm import CLAIMED, FIFO, LAUNCHER, WARM_LABEL, Settings, Warm, claim, discard
+
+__all__ = ["STALE_CLAIM_S", "WarmPool", "create", "keeper_for"]
+
+log = logging.getLogger("broker.warm")
+
+STALE_CLAIM_S = 120.0
+"""A claimed entry this old was never handed a command (its taker died): removed."""
+
+
+def create(
+    runtime: Runtime,
+    state_dir: Path,
+    found: Settings,
+    root: Path,
+    *,
+    workspace: bool = False,
+    labels: Mapping[str, str] | None = None,
+    clock: Clock = REAL,
+) -> Warm:
+    """One new pooled sandbox: dirs, FIFO, a proven and started launcher, its entry."""
+    sandbox_id = f"sb-{secrets.token_hex(4)}"
+    paths = prepare_dirs(state_dir, sandbox_id, runtime.agent_uid())
+    try:
+        fifo = paths.results / FIFO
+        os.mkfifo(fifo, 0o644)
+        fifo.chmod(0o644)  # readable by the sandbox's uid, writable by the broker alone
+        where = paths.root / "workspace" if workspace else None
+        if where is not None:
+            where.mkdir(mode=0o755)
+            os.chown(where, SANDBOX_UID, SANDBOX_UID)
+        spec = sandbox_spec(
+            paths,
+            found.image,
+            LAUNCHER,
+            limits=found.limits,
+            env=found.env,
+            workspace=where,
+            name=f"broker-{sandbox_id}",
+            labels={**(labels or {}), WARM_LABEL: found.key},
+        )
+        entrypoint = runtime.image_entrypoint(found.image)
+        handle = runtime.start(replace(spec, entrypoint=("/bin/sh",)))
+    except BaseException:
+        _rmtree(paths.root)
+        raise
+    entry = root / found.key / sandbox_id
+    warm = Warm(found.key, sandbox_id, str(handle.id), entrypoint, clock.time(), paths, entry)
+    try:
+        entry.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        temp = entry.parent / f".{sandbox_id}.tmp"
+        temp.write_text(_json(warm))
+        os.replace(temp, entry)
+    except BaseException:
+        discard(warm, runtime, handle)
+        raise
+    return warm
+
+
+def _json(warm: Warm) -> str:
+    import json
+
+    return json.dumps(warm.to_json())
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class WarmPool:
+    """N waiting sandboxes of one key, kept by a thread; blocking calls, thread-safe."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        state_dir: Path,
+        found: Settings,
+        size: int,
+        *,
+        root: Path | None = None,
+        workspace: bool = False,
+        labels: Mapping[str, str] | None = None,
+        clock: Clock = REAL,
+        interval: float = 10.0,
+        own_runtime: bool = False,
+    ) -> None:
+        self.runtime = runtime
+        self._own_runtime = own_runtime  # closed with the pool (keeper_for opened it)
+        self.state_dir = state_dir
+        self.settings = found
+        self.size = size
+        self.root = root or state_dir / "warm"
+        self._workspace = workspace
+        self._labels = dict(labels or {})
+        self._clock = clock
+        self._interval = interval
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._filled = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # one pass at a time: the thread's, or a caller's
+
+    @property
+    def key(self) -> str:
+        return self.settings.key
+
+    def idle(self) -> list[Path]:
+        """The idle entries of this pool's key, oldest name first."""
+        try:
+            return sorted(p for p in (self.root / self.key).iterdir() if p.name[0] != ".")
+        except FileNotFoundError:
+            return []
+
+    def start(self) -> None:
+        """Start the keeper's thread (once); it fills the pool in the background."""
+        if self._thread is None and self.size > 0:
+            self._thread = threading.Thread(target=self._run, name="warm-pool", daemon=True)
+            self._thread.start()
+
+    def take(self) -> Warm | None:
+        """A claimed sandbox whose container is running, or None; the keeper refills."""
+        while True:
+            warm = claim(self.root, self.key, self.state_dir)
+            self._wake.set()
+            if warm is None:
+                return None
+            handle = self.runtime.get(warm.container_id)
+            if handle is not None and handle.status == "running":
+                return warm
+            discard(warm, self.runtime, handle)
+
+    def wait_full(self, timeout: float) -> bool:
+        """Until the pool holds its N (a test's, a bench's wait); whether it does."""
+        deadline = self._clock.monotonic() + timeout
+        with self._filled:
+            while len(self.idle()) < self.size:
+                left = deadline - self._clock.monotonic()
+                if left <= 0:
+                    return False
+                self._filled.wait(min(left, 0.5))
+        return True
+
+    def close(self) -> None:
+        """Stop the thread, then remove every idle sandbox of the pool."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(120)
+            self._thread = None
+        try:
+            with self._lock:
+                for key_dir in self._keys():
+                    self._drain(key_dir, keep=None)
+        finally:
+            if self._own_runtime:
+                self.runtime.close()
+
+    def _run(self) -> None:
+        from broker.hosting import images
+
+        if self.settings.image == images.DEFAULT_IMAGE:  # as broker run builds it when missing
+            try:
+                self.runtime.ensure_image(self.settings.image, log=log.info)
+            except Exception as exc:
+                log.warning("warm pool: no image %s: %s", self.settings.image, exc)
+                return
+        try:
+            with self._lock:
+                self.reap()
+        except Exception as exc:
+            log.warning("warm pool: %s", exc)
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                self.keep()
+            except Exception as exc:  # the engine may come back: retry on the next pass
+                log.warning("warm pool: %s", exc)
+            self._clock.wait(self._wake, self._interval)
+
+    def keep(self) -> None:
+        """One pass: sweep what must go, then create up to N (stopping when closed)."""
+        with self._lock:
+            self.sweep()
+            while len(self.idle()) < self.size and not self._stop.is_set():
+                create(
+                    self.runtime,
+                    self.state_dir,
+                    self.settings,
+                    self.root,
+                    workspace=self._workspace,
+                    labels=self._labels,
+                    clock=self._clock,
+                )
+                with self._filled:
+                    self._filled.notify_all()
+
+    def sweep(self) -> None:
+        """Remove other keys' entries, entries whose container is gone, stale claims."""
+        for key_dir in self._keys():
+            self._drain(key_dir, keep=self.key)
+            if key_dir.name != self.key:
+                _rmdir(key_dir)
+        now = self._clock.time()
+        claimed = self.root / CLAIMED
+        for entry in sorted(claimed.iterdir()) if claimed.is_dir() else ():
+            try:
+                stale = now - entry.stat().st_mtime > STALE_CLAIM_S
+                warm = Warm.read(entry, self.state_dir)
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if stale and (warm.paths.results / FIFO).exists():
+                discard(warm, self.runtime)
+            elif stale:  # handed over, its entry left: the run owns the container
+                entry.unlink(missing_ok=True)
+
+    def reap(self) -> None:
+        """Remove this pool's containers that have no entry and still wait for their
+        command (a keeper that died between starting one and writing its entry)."""
+        claimed = self.root / CLAIMED
+        known = {p.name for p in self.idle()}
+        known |= {p.name for p in claimed.iterdir()} if claimed.is_dir() else set()
+        for handle in self.runtime.leftovers():
+            sandbox_id = handle.labels.get(LABEL, "")
+            if handle.labels.get(WARM_LABEL) != self.key or sandbox_id in known:
+                continue
+            root = self.state_dir / "sandboxes" / sandbox_id
+            if not (root / "results" / FIFO).exists():  # handed over: a run's now
+                continue
+            log.info("warm pool: removing %s, left without its entry", sandbox_id)
+            self.runtime.remove(handle)
+            _rmtree(root)
+
+    def _keys(self) -> list[Path]:
+        if not self.root.is_dir():
+            return []
+        return [p for p in sorted(self.root.iterdir()) if p.is_dir() and p.name[0] != "."]
+
+    def _drain(self, key_dir: Path, keep: str | None) -> None:
+        """Remove the entries of ``key_dir``; of the key ``keep``, only the dead ones."""
+        for entry in sorted(key_dir.iterdir()):
+            if entry.name[0] == ".":
+                continue
+            try:
+                warm = Warm.read(entry, self.state_dir)
+            except FileNotFoundError:  # taken meanwhile
+                continue
+            except (OSError, ValueError, KeyError, TypeError):
+                entry.unlink(missing_ok=True)
+                continue
+            handle = None
+            if key_dir.name == keep:
+                handle = self.runtime.get(warm.container_id)
+                if handle is not None and handle.status == "running":
+                    continue
+            mine = self.root / CLAIMED / entry.name
+            try:  # claimed first: a taker may be after it too
+                mine.parent.mkdir(mode=0o700, exist_ok=True)
+                os.rename(entry, mine)
+            except FileNotFoundError:
+                continue
+            try:
+                discard(replace(warm, entry=mine), self.runtime, handle)
+            except SandboxError as exc:
+                log.warning("warm pool: %s", exc)
+
+
+def _rmdir(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:  # not empty: a keeper of that key is filling it
+        pass
+
+
+def keeper_for(config: Config) -> WarmPool | None:
+    """`broker serve`'s pool when [sandbox] warm = N > 0, started; None when N is 0."""
+    from broker.hosting import warm
+    from broker.hosting.runtimes import open_runtime, runtime_name
+
+    size = warm.count(config)
+    if size == 0:
+        return None
+    name = runtime_name(config)
+    runtime = open_runtime(name)
+    pool = WarmPool(runtime, config.state_dir, warm.settings(config, name), size, own_runtime=True)
+    pool.start()
+    log.info("warm pool: keeping %d %s sandboxes ready", size, name)
+    return pool
