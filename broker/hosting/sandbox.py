@@ -31,8 +31,7 @@ from docker.models.containers import Container
 
 from broker.errors import SandboxError
 from broker.hosting.images import engine
-from broker.hosting.runtimes.docker import create_body, observe
-from broker.hosting.runtimes.proof import prove
+from broker.hosting.runtimes.docker import DockerRuntime, create_body
 from broker.hosting.runtimes.spec import (
     DEFAULT_LIMITS,
     LABEL,
@@ -115,36 +114,21 @@ def start(
         read_only_mounts=read_only_mounts,
         labels=labels,
     )
+    runtime = DockerRuntime()  # the one create, proof and start `broker run` uses too
+    handle = runtime.start(spec)
     try:
-        made = client.api.create_container_from_config(create_body(spec), spec.name)  # type: ignore[no-untyped-call]
-    except docker.errors.ImageNotFound as exc:
-        raise SandboxError(f"image {image} is missing; build it with: broker image build") from exc
+        return client.containers.get(str(handle.id))  # docker-py's, for `exec`
     except docker.errors.DockerException as exc:
-        raise SandboxError(f"cannot create sandbox {paths.sandbox_id}: {exc}") from exc
-    container: Container = client.containers.prepare_model({"Id": made["Id"]})
-    try:
-        container.attrs = client.api.inspect_container(made["Id"])
-        prove(spec, observe(container.attrs), "docker")
-        container.start()
-    except docker.errors.DockerException as exc:
-        remove(container)
+        runtime.remove(handle)
         raise SandboxError(f"cannot start sandbox {paths.sandbox_id}: {exc}") from exc
-    except BaseException:  # unproven, or a Ctrl-C mid-start: nobody else knows it yet
-        remove(container)
+    except BaseException:
+        runtime.remove(handle)
         raise
-    return container
 
 
 def remove(container: Container) -> None:
     """Kill and delete ``container``; one that is already gone is fine."""
-    try:
-        container.remove(force=True)
-    except docker.errors.NotFound:
-        pass
-    except docker.errors.APIError as exc:
-        if exc.status_code == 409:  # its removal is already under way
-            return
-        raise SandboxError(f"cannot remove container {container.short_id}: {exc}") from exc
+    DockerRuntime().remove(container)
 
 
 def leftovers(client: docker.DockerClient) -> list[Container]:
