@@ -1,4 +1,5 @@
-"""The one start of the commands that serve, `broker serve` and `broker run`.
+"""How `broker serve` starts (`broker run` starts from the same broker.cli.assembly on
+a light path of its own: broker.cli.run).
 
     with daemon(args) as d:                  # logging, config, registry, policy, notifier
         ...                                  # the command's own checks; build what serves
@@ -88,16 +89,11 @@ class Daemon:
         self,
         *,
         wake: Callable[[], None] | None = None,
-        interrupt: bool = False,
         banner: str | None = None,
     ) -> None:
-        """Take SIGINT and SIGTERM, start the web inbox when asked for, say what serves.
-
-        A signal sets `stop` and calls `wake`; with `interrupt` it also raises
-        KeyboardInterrupt in the main thread, for a command whose main thread waits on
-        something other than `stop` (`run` waits on its container).
-        """
-        on_signals(self.stop, wake, interrupt)
+        """Take SIGINT and SIGTERM (they set `stop` and call `wake`), start the web inbox
+        when asked for, say what serves."""
+        on_signals(self.stop, wake, interrupt=False)
         self.web = guarded(lambda: _start_web(self))
         told: list[str] = []
         telemetry, insecure = self.telemetry, self.args.insecure_listen
@@ -112,13 +108,13 @@ class Daemon:
 
 
 @contextmanager
-def daemon(args: DaemonArgs, *, quiet: bool = False) -> Iterator[Daemon]:
-    """Logging (warnings only when `quiet`, unless --verbose), the config, registry,
-    policy and notifier; on the way out, the web inbox stops."""
+def daemon(args: DaemonArgs) -> Iterator[Daemon]:
+    """Logging (INFO, DEBUG with --verbose), the config, registry, policy and notifier;
+    on the way out, the web inbox stops."""
     if args.log_format not in (None, *FORMATS):
         fail(f"--log-format {args.log_format!r}: expected text or json")
     cfg, registry, pol = assemble(args.config, args.state, args.policy)
-    install_logging(args.verbose, quiet, args.log_format or cfg.log_format)
+    install_logging(args.verbose, False, args.log_format or cfg.log_format)
     mask_logs(cfg.secret_values())  # no secret in any log line, from the web or a notifier
     d = Daemon(args, cfg, registry, pol, guarded(lambda: notifier_for(cfg)))
     d.telemetry = guarded(lambda: Telemetry.from_config(cfg, registry))
