@@ -183,26 +183,26 @@ class WarmPool:
                 self.runtime.close()
 
     def _run(self) -> None:
-        from broker.hosting import images
-
-        if self.settings.image == images.DEFAULT_IMAGE:  # as broker run builds it when missing
-            try:
-                self.runtime.ensure_image(self.settings.image, log=log.info)
-            except Exception as exc:
-                log.warning("warm pool: no image %s: %s", self.settings.image, exc)
-                return
-        try:
-            with self._lock:
-                self.reap()
-        except Exception as exc:
-            log.warning("warm pool: %s", exc)
+        reaped = False
         while not self._stop.is_set():
             self._wake.clear()
-            try:
+            try:  # the engine may be down or come back: every step is retried next pass
+                if not reaped:
+                    self._image()
+                    with self._lock:
+                        self.reap()
+                    reaped = True
                 self.keep()
-            except Exception as exc:  # the engine may come back: retry on the next pass
+            except Exception as exc:
                 log.warning("warm pool: %s", exc)
             self._clock.wait(self._wake, self._interval)
+
+    def _image(self) -> None:
+        """The default image, built when missing (as `broker run` builds it)."""
+        from broker.hosting import images
+
+        if self.settings.image == images.DEFAULT_IMAGE:
+            self.runtime.ensure_image(self.settings.image, log=log.info)
 
     def keep(self) -> None:
         """One pass: sweep what must go, then create up to N (stopping when closed)."""

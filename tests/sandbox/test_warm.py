@@ -20,6 +20,7 @@ from broker.config import Config, load_config
 from broker.errors import ConfigError, SandboxError
 from broker.hosting import warm
 from broker.hosting.runtimes.docker import DockerRuntime
+from broker.hosting.runtimes.engine import EngineClient, engine_socket
 from broker.hosting.warm_keeper import WarmPool
 from broker.testing import BrokerHarness, FakeHandler
 from tests.support import eventually
@@ -147,6 +148,25 @@ def test_the_keeper_refills_after_a_take(make_pool: MakePool, runtime: DockerRun
     assert code == 0
 
 
+def test_a_keeper_started_before_the_engine_answers_fills_once_it_does(
+    runtime: DockerRuntime, tmp_path: Path
+) -> None:
+    """`broker serve` started before Docker's engine: the keeper goes on trying (the
+    image, the sweep, the pool) and fills once the engine's socket is there."""
+    socket_link = tmp_path / "engine.sock"  # no engine here yet
+    late = DockerRuntime(EngineClient(str(socket_link)))
+    cfg = config_for(tmp_path / "state")
+    pool = WarmPool(late, cfg.state_dir, warm.settings(cfg, "docker"), 1, interval=0.2)
+    pool.start()
+    try:
+        assert not pool.wait_full(1.0)
+        socket_link.symlink_to(engine_socket())  # the engine comes up
+        assert pool.wait_full(60)
+    finally:
+        pool.close()
+    assert pool.idle() == []
+
+
 def test_close_leaves_no_container_dir_or_thread(
     make_pool: MakePool, engine: docker.DockerClient
 ) -> None:
@@ -244,6 +264,21 @@ def test_a_changed_config_replaces_the_old_entries(
     assert attrs["HostConfig"]["Memory"] == 256 * 1024**2
 
 
+def opening(engine: docker.DockerClient, container_id: str) -> bool:
+    """Whether the launcher's `cat` is in the FIFO's open, waiting for a writer (on
+    that FIFO's inode: a FIFO made at the same path later is not the one it waits on)."""
+    top = engine.api.top(container_id, ps_args="-o pid")
+    for (pid,) in top.get("Processes") or []:
+        try:
+            wchan = Path(f"/proc/{pid}/wchan").read_text()
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        if argv[0] == b"cat" and wchan == "wait_for_partner":
+            return True
+    return False
+
+
 def test_a_launcher_that_does_not_read_fails_the_hand_over_and_is_removed(
     make_pool: MakePool, runtime: DockerRuntime, engine: docker.DockerClient
 ) -> None:
@@ -253,6 +288,7 @@ def test_a_launcher_that_does_not_read_fails_the_hand_over_and_is_removed(
     taken = pool.take()
     assert taken is not None
     fifo = taken.paths.results / warm.FIFO
+    eventually(lambda: opening(engine, taken.container_id), timeout=30)
     fifo.unlink()
     os.mkfifo(fifo, 0o644)  # a new FIFO: the launcher waits on the old one's inode
     with pytest.raises(SandboxError, match="cannot hand its command over"):
