@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -386,39 +387,78 @@ def _container_report(ws: Path) -> dict[str, Any]:
 
 
 class Starts:
-    """`broker run -- true` end to end against a bare `docker run --rm`, cold and beside
-    a broker serving the state dir (`run` then hands its sandbox over), one of each per
-    `once` so that a round holds all three."""
+    """`broker run -- true` end to end against a bare `docker run --rm`: cold (nothing
+    serves the state dir), beside a `broker serve` (which runs it for the run:
+    broker.hosting.run_service) and from that serve's warm pool; one of each per `once`,
+    each begun with the pool full so that no refill shares the engine with a cell."""
 
     def __init__(self, cells: Cells) -> None:
         cell = cells.new("start")
-        self.state = cell / "state"
-        self.state.mkdir()
-        (cell / "exports").mkdir()
         self.cell = cell
-        config = cell / "broker.toml"
-        config.write_text(f'[broker]\nstate_dir = "{self.state}"\n')
-        broker_cli = str(Path(sys.executable).parent / "broker")
         self.bare = ["docker", "run", "--rm", "--network", "none", IMAGE, "true"]
-        self.ours = [broker_cli, "run", "--config", str(config), "--", "true"]
+        self.configs = {
+            "broker_s": _start_config(cell / "cold"),
+            "thin_s": _start_config(cell / "served"),
+            "pool_s": _start_config(cell / "pooled", "[sandbox]\nwarm = 2\n"),
+        }
+        self.serves: list[subprocess.Popen[bytes]] = []
+
+    def argv(self, key: str) -> list[str]:
+        if key == "docker_s":
+            return self.bare
+        broker_cli = str(Path(sys.executable).parent / "broker")
+        return [broker_cli, "run", "--config", str(self.configs[key]), "--", "true"]
 
     def __enter__(self) -> Starts:
-        subprocess.run(self.bare, check=True, capture_output=True)  # warm the engine's caches
-        subprocess.run(self.ours, check=True, capture_output=True)  # and the broker's facts
+        for key in ("thin_s", "pool_s"):
+            config = self.configs[key]
+            with (config.parent / "serve.log").open("wb") as log:
+                self.serves.append(
+                    subprocess.Popen(
+                        [self.argv(key)[0], "serve", "--config", str(config)],
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=log,
+                    )
+                )
+        for key in ("docker_s", "broker_s", "thin_s", "pool_s"):  # warm every cache
+            self._ready()
+            subprocess.run(self.argv(key), check=True, capture_output=True)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        pass
+        for serve in self.serves:
+            serve.send_signal(signal.SIGINT)
+        for serve in self.serves:
+            try:
+                serve.wait(60)
+            except subprocess.TimeoutExpired:
+                serve.kill()
+
+    def _ready(self, timeout: float = 60.0) -> None:
+        """Both serves listening, and the pool holding its two."""
+        end = time.monotonic() + timeout
+        served = self.configs["thin_s"].parent / "state" / "control" / "broker.sock"
+        pool = self.configs["pool_s"].parent / "state" / "warm"
+        while not (served.exists() and len(list(pool.glob("k*/sb-*"))) >= 2):
+            if time.monotonic() > end or any(s.poll() is not None for s in self.serves):
+                raise RuntimeError(f"broker serve not ready; see {self.cell}/*/serve.log")
+            time.sleep(0.05)
 
     def once(self, reverse: bool = False) -> dict[str, float]:
         out: dict[str, float] = {}
-        pair = [("docker_s", self.bare), ("broker_s", self.ours)]
-        for key, argv in pair[:: -1 if reverse else 1]:
-            out[key] = _timed(argv)
-        spec = {"state": str(self.state), "exports": str(self.cell / "exports")}
-        with procs.broker(spec, self.cell / "serve.log"):
-            out["thin_s"] = _timed(self.ours)
+        keys = ["docker_s", "broker_s", "thin_s", "pool_s"]
+        for key in keys[:: -1 if reverse else 1]:
+            self._ready()
+            out[key] = _timed(self.argv(key))
         return out
+
+
+def _start_config(base: Path, extra: str = "") -> Path:
+    base.mkdir()
+    config = base / "broker.toml"
+    config.write_text(f'[broker]\nstate_dir = "{base / "state"}"\n{extra}')
+    return config
 
 
 def _timed(argv: list[str]) -> float:

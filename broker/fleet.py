@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import socket
 from collections.abc import Mapping
 from pathlib import Path
@@ -51,6 +50,8 @@ def kept_host_id(state_dir: Path) -> str:
         raise ConfigError(f"{path}: cannot read the host id: {exc.strerror}") from exc
     if HOST_ID.fullmatch(kept):
         return kept
+    import secrets  # once per state dir: not on every start
+
     name = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname().split(".")[0]).strip("-_")
     derived = f"{name[:50] or 'host'}-{secrets.token_hex(3)}"
     try:

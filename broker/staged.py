@@ -17,10 +17,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.errors import ConfigError
-from broker.models import Verdict
+
+if TYPE_CHECKING:  # the config loads this module: `broker run` needs no more of it
+    from broker.models import Verdict
 
 __all__ = ["EVERY", "OFF", "Staged", "output", "reason"]
 

@@ -9,7 +9,6 @@ Newlines and tabs in bodies are kept.
 
 from __future__ import annotations
 
-import html
 import re
 import unicodedata
 
@@ -85,4 +84,6 @@ def terminal(text: str, *, keep_newlines: bool = False) -> str:
 
 def html_text(text: str, *, keep_newlines: bool = True) -> str:
     """Neutralised and HTML-escaped text, for the inbox pages."""
+    import html  # the pages' alone: `broker run` prints, it does not render
+
     return html.escape(neutralize(text, keep_newlines=keep_newlines), quote=True)

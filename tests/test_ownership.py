@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.loop import ownership
+from broker.loop import control_client, ownership
 from broker.models import TERMINAL
 from tests.crash.support import BROKER, Receiver, Site, broker_env, read_results, wait_for
 
@@ -164,7 +164,7 @@ def test_a_state_dir_too_deep_for_a_unix_socket_path_is_served(
         doc = {"version": 1, "id": "deep", "effect": "crashtest.send", "params": {"value": "x"}}
         site.write("deep.json", doc)
         wait_for(lambda: "deep" in site.results_now(), 60, "the request answered")
-        client = ownership.connect(site.state, lambda _: None, wait_s=30)
+        client = control_client.connect(site.state, lambda _: None, wait_s=30)
         assert client is not None, "the owner's control socket was not reached"
         client.close()
     finally:

@@ -22,7 +22,15 @@ if TYPE_CHECKING:
     from broker.policy.ruleset import Policy
     from broker.registry import Registry
 
-__all__ = ["HELP", "assemble", "install_logging", "notifier_for", "on_signals"]
+__all__ = [
+    "HELP",
+    "assemble",
+    "check",
+    "inputs_digest",
+    "install_logging",
+    "notifier_for",
+    "on_signals",
+]
 
 HELP = {
     "config": "broker.toml (default: $BROKER_CONFIG, else <state>/broker.toml)",
@@ -43,17 +51,41 @@ def assemble(
 ) -> tuple[Config, Registry, Policy, list[str]]:
     """The config, the registry checked against it, the policy and its warnings;
     a BrokerError names the first fault."""
+    return check(load_config(config, state_dir=state, policy=policy))
+
+
+def check(cfg: Config) -> tuple[Config, Registry, Policy, list[str]]:
+    """`assemble` of a config already loaded."""
     from broker.audit.checkpoints import audit_settings
     from broker.policy.ruleset import load_policy
     from broker.registry import default_registry
 
-    cfg = load_config(config, state_dir=state, policy=policy)
     audit_settings(cfg)  # a broken [audit] stops the start, naming the key
     registry = default_registry()
     registry.check_config(cfg.integrations, cfg.base_dir)
     cfg.staged.check(registry.names())  # a glob naming no effect would stage nothing
     pol = load_policy(cfg.policy_path, registry.reversibility(), registry.schemas())
     return cfg, registry, pol, [f"{pol.source}: {warning}" for warning in pol.warnings]
+
+
+def inputs_digest(cfg: Config) -> str:
+    """What the start-up check of `cfg` read: the broker's version, the state dir, and
+    broker.toml's and the policy's paths and bytes. An owner that passed the check
+    names it in its lock file; a `broker run` whose digest is the same is run by that
+    owner (which serves the sandbox with what it checked) without checking again."""
+    import hashlib
+
+    from broker import __version__
+
+    digest = hashlib.sha256(f"{__version__}\0{cfg.state_dir.resolve()}".encode())
+    for path in (cfg.source, cfg.policy_path):
+        digest.update(b"\0" + str(path.resolve() if path else "").encode() + b"\0")
+        if path is not None:
+            try:
+                digest.update(path.read_bytes())
+            except OSError as exc:  # the check itself says what is wrong with it
+                digest.update(f"unreadable {exc.errno}".encode())
+    return digest.hexdigest()
 
 
 def notifier_for(cfg: Config) -> Notifier | None:

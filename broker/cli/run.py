@@ -17,12 +17,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from broker.cli.assembly import HELP, assemble, install_logging, notifier_for, on_signals
+from broker.cli.assembly import HELP, check, install_logging, notifier_for, on_signals
+from broker.config import load_config
 from broker.errors import BrokerError
 from broker.untrusted import neutralize
 
 if TYPE_CHECKING:
     from broker.cli.prompt import Prompt
+    from broker.cli.run_client import Left
     from broker.config import Config
     from broker.loop.pipeline import Broker
     from broker.observability.telemetry import Telemetry
@@ -106,21 +108,51 @@ def _main(argv: Sequence[str]) -> int:
 
 
 def _run(args: argparse.Namespace, command: list[str]) -> int:
+    cfg = load_config(args.config, state_dir=args.state, policy=args.policy)
+    install_logging(args.verbose, True, args.log_format or cfg.log_format)
+    left = None
+    if _handable(args, cfg):  # a serving broker that checked the same config runs it
+        from broker.cli.run_client import through_owner
+
+        on_signals(threading.Event(), None, interrupt=True)
+        asking = (lambda: _prompt(*check(cfg)[:2])) if sys.stdin.isatty() else None
+        try:
+            handed = through_owner(cfg, command, args.image, say, asking)
+        except KeyboardInterrupt:
+            say("interrupted: the sandbox was removed")
+            return 130
+        if isinstance(handed, int):
+            return handed
+        left = handed
+    return _run_here(args, command, cfg, left)
+
+
+def _handable(args: argparse.Namespace, cfg: Config) -> bool:
+    """Whether the serving broker may run it: none of what only this process can do
+    (a named, workspace or detached sandbox; its own inbox, metrics or traces)."""
+    mine = args.name or args.workspace or args.detach or args.listen or cfg.web
+    runtime = args.runtime in (None, cfg.sandbox.get("runtime", "docker"))
+    return not mine and runtime and cfg.metrics is None and cfg.tracing is None
+
+
+def _run_here(args: argparse.Namespace, command: list[str], cfg: Config, left: Left | None) -> int:
+    """The run in this process: checked as `broker serve` checks, then served here or
+    by the serving broker (broker.hosting.runner); `left`: the container to adopt."""
     from broker.hosting.runner import RunOptions, run
     from broker.masking import mask_logs
     from broker.observability.telemetry import Telemetry
 
-    cfg, registry, policy, warnings = assemble(args.config, args.state, args.policy)
+    cfg, registry, policy, warnings = check(cfg)
     for warning in warnings:
         say(f"warning: {warning}")
-    install_logging(args.verbose, True, args.log_format or cfg.log_format)
     mask_logs(cfg.secret_values())  # no secret in any log line, from the web or a notifier
     telemetry = Telemetry.from_config(cfg, registry)
     prompt = _prompt(cfg, registry) if sys.stdin.isatty() and not args.detach else None
     options = RunOptions(
         command=command,
         image=args.image,
-        name=args.name,
+        name=left.sandbox_id if left else args.name,
+        adopt=left.container_id if left else None,
         workspace=args.workspace.absolute() if args.workspace else None,
         detach=args.detach,
         on_pending=prompt,
@@ -130,6 +162,8 @@ def _run(args: argparse.Namespace, command: list[str]) -> int:
         on_broker=_pr_threads(cfg),
     )
     on_signals(threading.Event(), None, interrupt=True)
+    if left is not None:
+        say(f"broker: the serving broker went away; serving {left.sandbox_id} here")
     web = _web(cfg, registry, args, telemetry)
     try:
         for line in telemetry.start(insecure=args.insecure_listen):

@@ -23,6 +23,8 @@ from broker.untrusted import terminal
 
 if TYPE_CHECKING:
     from broker.config import Config
+    from broker.hosting.run_service import RunService
+    from broker.hosting.warm_keeper import WarmPool
     from broker.integrations.github_cards import PrCards
     from broker.loop.pipeline import Broker
 
@@ -85,6 +87,7 @@ def serve(
         from broker.hosting.warm_keeper import keeper_for
 
         pool = guarded(lambda: keeper_for(d.cfg))  # [sandbox] warm = N: N sandboxes ready
+        runs = _runs(d, broker, pool)
         served = ", ".join(sorted(broker.outboxes)) or "none yet"
         d.start(
             wake=broker.wake,
@@ -94,10 +97,21 @@ def serve(
         try:
             guarded(lambda: broker.serve(d.stop))
         finally:
+            runs.close()
             if pool is not None:
                 pool.close()
             if cards is not None:  # after the broker: its last observers have run
                 cards.close()
+
+
+def _runs(d: Daemon, broker: Broker, pool: WarmPool | None) -> RunService:
+    """`broker run`s this broker runs for their clients (its lock names what it checked)."""
+    from broker.cli.assembly import inputs_digest
+    from broker.hosting.run_service import RunService
+
+    runs = RunService(d.cfg, broker.events, inputs_digest(d.cfg), pool)
+    broker.runs = runs
+    return runs
 
 
 def _staged_note(cfg: Config) -> str:
@@ -117,13 +131,15 @@ def _broker(
     """A broker on the attach-mode outbox and/or the sandboxes under the root, and its
     pull request cards when [integrations.github] approve_in_pr is set."""
     from broker.approval.notify import attach as notify
+    from broker.cli.assembly import inputs_digest
     from broker.intake.outbox import attach
     from broker.integrations.github_cards import attach_pr_cards
     from broker.loop.pipeline import Broker
 
     broker = Broker(d.cfg, d.registry, d.policy)
     try:
-        broker.lock.acquire("broker serve")  # one owner per state dir: else one line
+        # one owner per state dir (else one line), which runs `broker run`s checked alike
+        broker.lock.acquire("broker serve", checked=inputs_digest(d.cfg))
     except BaseException:
         broker.ledger.close()
         raise

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from broker.config import Config
+from broker.errors import SandboxError
 from broker.hosting import images, warm
 from broker.hosting.runtimes import extra_env, limits_from, open_runtime, runtime_name
 from broker.hosting.runtimes.base import Handle, Runtime
@@ -45,6 +46,7 @@ class RunOptions:
     notifier: Notifier | None = None  # [notify] webhooks, as `broker serve` tells them
     runtime: str | None = None  # docker or podman; default: [sandbox] runtime, else docker
     say: Callable[[str], None] = print
+    adopt: str | None = None  # a running container of sandbox `name` to serve to its end
 
 
 def new_sandbox_id(name: str | None) -> str:
@@ -65,16 +67,19 @@ def _run(
 ) -> int:
     image = options.image or str(config.sandbox.get("image", images.DEFAULT_IMAGE))
     taken = _take_warm(config, options, runtime, image)
-    if taken is not None:  # made, proven and started ahead: only its command is handed over
+    if options.adopt is not None and options.name is not None:  # its broker went away
+        sandbox_id, fresh = options.name, False
+        start: Callable[[], Handle] = partial(_adopted, runtime, options.adopt, sandbox_id)
+    elif taken is not None:  # made, proven and started ahead: only its command is handed over
         sandbox_id = taken.sandbox_id
         fresh = True
-        start: Callable[[], Handle] = partial(warm.launch, taken, options.command, runtime)
+        start = partial(warm.launch, taken, options.command, runtime)
     else:
         if image == images.DEFAULT_IMAGE:
             runtime.ensure_image(image, log=options.say)
         sandbox_id = new_sandbox_id(options.name)
         fresh = not (config.sandboxes_dir / sandbox_id).exists()  # nothing of it in the ledger
-        spec = _cold_spec(config, options, runtime, sandbox_id, image)
+        spec = cold_spec(config, options, runtime, sandbox_id, image)
         if options.detach:
             detached = runtime.start(spec)
             options.say(
@@ -118,11 +123,18 @@ def _take_warm(
     would make its own; never for a detached, named or workspace run (their container
     or mounts are fixed at creation)."""
     if options.detach or options.name is not None or options.workspace is not None:
-        return None
+        return None  # (an adopted run is named)
     return warm.take(config, runtime.name, runtime=runtime, image=image)
 
 
-def _cold_spec(
+def _adopted(runtime: Runtime, container_id: str, sandbox_id: str) -> Handle:
+    handle = runtime.get(container_id)
+    if handle is None:
+        raise SandboxError(f"sandbox {sandbox_id}: its container has gone")
+    return handle
+
+
+def cold_spec(
     config: Config, options: RunOptions, runtime: Runtime, sandbox_id: str, image: str
 ) -> SandboxSpec:
     paths = prepare_dirs(config.state_dir, sandbox_id, runtime.agent_uid())
@@ -176,7 +188,7 @@ def _attached(
         life.started(container)
         options.say(f"sandbox {sandbox_id}: running {' '.join(options.command)} in {image}")
         output = threading.Thread(
-            target=_stream_logs, args=(container, options.say), name="sandbox-logs", daemon=True
+            target=stream_logs, args=(container, options.say), name="sandbox-logs", daemon=True
         )
         output.start()
         outcome = container.wait()
@@ -203,7 +215,7 @@ def summary(config: Config, sandbox_id: str, code: int, *, asked: bool = True) -
     return f"sandbox {sandbox_id} exited with {code}: {parts}"
 
 
-def _stream_logs(container: Any, say: Callable[[str], None]) -> None:
+def stream_logs(container: Any, say: Callable[[str], None]) -> None:
     """The agent's output, line by line, neutralised: it is untrusted text."""
     from broker.untrusted import neutralize
 

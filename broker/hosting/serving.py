@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from broker.clock import REAL
 from broker.config import Config
 from broker.errors import BrokerError, OwnerGone, StateBusy
-from broker.loop import ownership
+from broker.loop import control_client, ownership
 
 if TYPE_CHECKING:  # the pipeline is imported when this process serves (on its own thread)
     from broker.approval.notify import Notifier
@@ -54,7 +54,7 @@ class Serving:
         self.notifier = notifier
         self.say = say
         self.broker: Broker | None = None
-        self._client: ownership.ControlClient | None = None
+        self._client: control_client.ControlClient | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._failure: list[BaseException] = []
@@ -131,7 +131,7 @@ class Serving:
         """Serve through the owner if one answers, else as the owner (lock held)."""
         while True:
             if client_ok and ownership.served(self.config.state_dir):
-                client = ownership.connect(
+                client = control_client.connect(
                     self.config.state_dir, self._pending_id, on_gone=self._owner_gone
                 )
                 if client is not None:

@@ -83,7 +83,7 @@ def serve(config: Config, sandbox_id: str) -> Served:
 def served_by_running(config: Config, sandbox_id: str) -> Served:
     """Hand `sandbox_id` to the broker that owns the state dir (its control socket); it
     serves it from its answer on, and follows it until `close` releases it."""
-    from broker.loop.ownership import connect
+    from broker.loop.control_client import connect
 
     paths = sandbox.prepare_dirs(config.state_dir, sandbox_id)
     client = connect(config.state_dir, on_pending=lambda request_id: None)

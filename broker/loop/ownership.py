@@ -11,6 +11,22 @@ The control protocol is JSON lines over that socket:
     → {"op": "serve", "sandbox": ID}      ← {"ok": true} | {"ok": false, "error": …}
     ← {"event": "pending", "id": RID}     (for each request of ID that starts waiting)
     → {"op": "release"}                   ← {"ok": true, "released": true} once drained
+
+`broker serve` also runs sandboxes for `broker run` (broker.hosting.run_service): the
+run's whole life on the owner's side, with its warm pool and its engine connection, the
+client left to print what it is told and exit with the sandbox's code:
+
+    → {"op": "run", "command": [ARG…], "image": IMAGE|null, "checked": DIGEST}
+    ← {"event": "started", "sandbox": ID, "container": SHORT_ID, "image": IMAGE}
+    ← {"event": "log", "text": LINE}       (the agent's output, raw: the client neutralises it)
+    ← {"event": "pending", "id": RID}
+    → {"op": "stop"}                      (Ctrl-C: the container is removed)
+    ← {"event": "exited", "code": N, "summary": TEXT}
+    ← {"ok": false, "error": …}           (refused: nothing was started)
+
+DIGEST is the one the owner's lock file names (`Owner.checked`): the inputs of the
+start-up check it passed (broker.cli.assembly.inputs_digest). A run whose inputs differ
+is refused and runs on its own path, checked as usual.
 """
 
 from __future__ import annotations
@@ -27,13 +43,14 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker import clock
-from broker.clock import REAL
-from broker.errors import BrokerError, LeaseLost, OwnerGone, StateBusy
-from broker.events import Control, Event
-from broker.store.base import Lease
+from broker.errors import LeaseLost, StateBusy
+
+if TYPE_CHECKING:  # `broker run`'s client reads the lock and the socket alone
+    from broker.events import Event
+    from broker.store.base import Lease
 
 log = logging.getLogger("broker.loop.ownership")
 MAX_LINE = 64 * 1024
@@ -41,11 +58,13 @@ MAX_LINE = 64 * 1024
 
 @dataclass(frozen=True)
 class Owner:
-    """Who holds a state dir: its pid, what it runs, since when."""
+    """Who holds a state dir: its pid, what it runs, since when, and the digest of the
+    start-up check it passed (None: it runs no sandboxes for others)."""
 
     pid: int
     command: str
     since: str
+    checked: str | None = None
 
     def __str__(self) -> str:
         return f"pid {self.pid}, `{self.command}`, since {self.since}"
@@ -65,8 +84,9 @@ class StateLock:
     def held(self) -> bool:
         return self._fd >= 0
 
-    def acquire(self, command: str) -> None:
-        """Take the lock or raise StateBusy naming the process that has it."""
+    def acquire(self, command: str, checked: str | None = None) -> None:
+        """Take the lock or raise StateBusy naming the process that has it; `checked`:
+        the digest of the start-up check this owner passed (it runs `broker run`s)."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
@@ -88,6 +108,8 @@ class StateLock:
                 os.close(fd)
                 raise
         info = {"pid": os.getpid(), "command": command, "since": clock.iso(clock.now())}
+        if checked is not None:
+            info["checked"] = checked
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode() + b"\n", 0)
         self._fd = fd
@@ -114,7 +136,13 @@ def read_owner(state_dir: Path) -> Owner | None:
     """The owner the lock file names, if any (the file may be stale: the lock decides)."""
     try:
         data = json.loads((state_dir / "broker.lock").read_text(encoding="utf-8"))
-        return Owner(int(data["pid"]), str(data["command"]), str(data["since"]))
+        checked = data.get("checked")
+        return Owner(
+            int(data["pid"]),
+            str(data["command"]),
+            str(data["since"]),
+            checked if isinstance(checked, str) else None,
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -185,13 +213,21 @@ class Connection:
             self._sock.close()
 
 
+Runs = Callable[[dict[str, Any], "Connection", Iterator[Any]], None]
+"""Who runs a `run` op: its message, the client's connection, the client's next messages
+(they end when the client goes): broker.hosting.run_service."""
+
+
 class ControlServer:
     """Accepts connections on the control socket and turns each request into a Control
     event on the broker's queue; the loop answers through the event's reply."""
 
-    def __init__(self, state_dir: Path, events: queue.Queue[Event]) -> None:
+    def __init__(
+        self, state_dir: Path, events: queue.Queue[Event], runs: Runs | None = None
+    ) -> None:
         self.path = socket_path(state_dir)
         self._events = events
+        self._runs = runs
         self._sock: socket.socket | None = None
         self._connections: set[Connection] = set()
         self._lock = threading.Lock()
@@ -239,10 +275,19 @@ class ControlServer:
             ).start()
 
     def _serve(self, sock: socket.socket, conn: Connection) -> None:
+        from broker.events import Control
+
         sandbox = ""
         try:
-            for message in _lines(sock):
+            messages = lines(sock)
+            for message in messages:
                 op = message.get("op") if isinstance(message, dict) else None
+                if op == "run" and not sandbox:  # the run's whole life, on this thread
+                    if self._runs is None:
+                        conn.send({"ok": False, "error": "this broker runs no sandboxes"})
+                    else:
+                        self._runs(message, conn, messages)
+                    return
                 if op == "serve" and isinstance(message.get("sandbox"), str):
                     sandbox = message["sandbox"]
                 if op not in ("serve", "release") or not sandbox:
@@ -252,10 +297,10 @@ class ControlServer:
         finally:
             with self._lock:
                 self._connections.discard(conn)
-            conn.closed = True
+            conn.close()
 
 
-def _lines(sock: socket.socket) -> Iterator[Any]:
+def lines(sock: socket.socket) -> Iterator[Any]:
     """JSON messages, one per line, from a client; a line that is not JSON ends it."""
     buffer = b""
     while True:
@@ -274,92 +319,3 @@ def _lines(sock: socket.socket) -> Iterator[Any]:
                 return
         if len(buffer) > MAX_LINE:
             return
-
-
-# -- a client: `broker run` beside a running owner -------------------------------------
-
-
-class ControlClient:
-    """Hands one sandbox to the owner of a state dir and follows it until released."""
-
-    def __init__(
-        self,
-        state_dir: Path,
-        on_pending: Callable[[str], None],
-        on_gone: Callable[[], None] | None = None,
-    ) -> None:
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        try:
-            with unix_address(socket_path(state_dir)) as address:
-                self._sock.connect(address)
-        except OSError:
-            self._sock.close()
-            raise
-        self._on_pending = on_pending
-        self._on_gone = on_gone
-        self._closed = False
-        self._replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, name="broker-run-control", daemon=True)
-        self._reader.start()
-
-    def serve(self, sandbox: str, timeout: float = 30) -> None:
-        self._request({"op": "serve", "sandbox": sandbox}, timeout)
-
-    def release(self, timeout: float = 120) -> None:
-        """Wait until the owner has processed what the sandbox left in its outbox."""
-        self._request({"op": "release"}, timeout)
-
-    def close(self) -> None:
-        self._closed = True
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
-        self._sock.close()
-
-    def _request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
-        try:
-            self._sock.sendall(json.dumps(message).encode() + b"\n")
-        except OSError as exc:
-            raise OwnerGone("the serving broker went away") from exc
-        try:
-            reply = self._replies.get(timeout=timeout)
-        except queue.Empty:
-            raise BrokerError(f"the serving broker did not answer within {timeout:g}s") from None
-        if reply is None:
-            raise OwnerGone("the serving broker went away")
-        if not reply.get("ok"):
-            raise BrokerError(f"the serving broker refused: {reply.get('error')}")
-        return reply
-
-    def _read(self) -> None:
-        for message in _lines(self._sock):
-            if not isinstance(message, dict):
-                continue
-            if message.get("event") == "pending" and isinstance(message.get("id"), str):
-                try:
-                    self._on_pending(message["id"])
-                except Exception:
-                    log.exception("the pending-request callback failed")
-            elif "ok" in message:
-                self._replies.put(message)
-        self._replies.put(None)
-        if not self._closed and self._on_gone is not None:
-            self._on_gone()
-
-
-def connect(
-    state_dir: Path,
-    on_pending: Callable[[str], None],
-    on_gone: Callable[[], None] | None = None,
-    wait_s: float = 30.0,
-) -> ControlClient | None:
-    """A client of the state dir's owner, or None when no owner listens. `on_gone` is
-    called (on the reading thread) if the owner closes the connection first. An owner
-    that holds the lock but is still starting gets `wait_s` to open its socket."""
-    end = REAL.monotonic() + wait_s
-    while True:
-        try:
-            return ControlClient(state_dir, on_pending, on_gone)
-        except (FileNotFoundError, ConnectionRefusedError):
-            if not served(state_dir) or REAL.monotonic() >= end:
-                return None
-            REAL.sleep(0.02)

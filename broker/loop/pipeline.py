@@ -40,7 +40,7 @@ from broker.loop.deadlines import Deadlines
 from broker.loop.fairness import Backlog
 from broker.loop.handover import Handover, has_requests
 from broker.loop.outage import Kept, Outage
-from broker.loop.ownership import ControlServer, StateLock
+from broker.loop.ownership import ControlServer, Runs, StateLock
 from broker.loop.wakeup import Sorted, Stages
 from broker.masking import Redactor, mask_logs
 from broker.policy.ruleset import Policy
@@ -130,6 +130,7 @@ class Broker:
         self.handover = Handover(self.served, self.config.sandboxes_dir)
         self.on_change.append(self.handover.tell)
         self._control_server: ControlServer | None = None
+        self.runs: Runs | None = None  # who runs `broker run`s for others (broker serve's)
 
     def _approvals(self, key: tuple[str, str]) -> int:
         """How many people have approved a pending request so far."""
@@ -202,7 +203,7 @@ class Broker:
         if not self.lock.held:
             self.lock.acquire(self.command)
         # listening from the start: what other processes ask waits on the queue meanwhile
-        self._control_server = ControlServer(self.config.state_dir, self.events)
+        self._control_server = ControlServer(self.config.state_dir, self.events, self.runs)
         self._control_server.start()
         # decisions others commit on this host's requests wake the loop (shared store)
         self._listener = self.ledger.listen(lambda: self.events.put(Reload()))

@@ -1,0 +1,160 @@
+"""`broker run` as a client of the serving broker that checked the same config.
+
+When `broker serve` owns the state dir and its lock file names the digest of the
+start-up check this run would make (broker.cli.assembly.inputs_digest), the run is the
+owner's to do (broker.hosting.run_service): this process sends the command and prints
+what it is told, with the modules of the config and a socket only. Every other run, and
+one the owner refuses, is run by broker.hosting.runner as before; if the owner goes
+away while the sandbox runs, this process serves the container to its end itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from broker.cli.assembly import inputs_digest
+from broker.config import Config
+from broker.loop.ownership import MAX_LINE, read_owner, served, socket_path, unix_address
+
+if TYPE_CHECKING:
+    from broker.cli.prompt import Prompt
+
+__all__ = ["Left", "through_owner"]
+
+STOP_WAIT_S = 10.0  # after Ctrl-C, how long the owner gets to say the container is gone
+
+
+@dataclass(frozen=True)
+class Left:
+    """The owner went away while the sandbox ran: it is this process's to serve now."""
+
+    sandbox_id: str
+    container_id: str
+
+
+def through_owner(
+    cfg: Config,
+    command: Sequence[str],
+    image: str | None,
+    say: Callable[[str], None],
+    prompt: Callable[[], Prompt] | None = None,
+) -> int | Left | None:
+    """The sandbox's exit code once the owner has run it; Left; or None: no owner
+    runs it (none serves, it checked other inputs, or it refused), run it here."""
+    owner = read_owner(cfg.state_dir)
+    if owner is None or owner.checked is None or not served(cfg.state_dir):
+        return None
+    checked = inputs_digest(cfg)
+    if owner.checked != checked:
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        with unix_address(socket_path(cfg.state_dir)) as address:
+            sock.connect(address)
+        ask = {"op": "run", "command": list(command), "image": image, "checked": checked}
+        sock.sendall(json.dumps(ask).encode() + b"\n")
+        return _follow(sock, _Asking(cfg, prompt), say, command, str(owner))
+    except OSError:
+        return None  # it stopped listening before the run began: run it here
+    finally:
+        sock.close()
+
+
+def _follow(
+    sock: socket.socket,
+    asking: _Asking,
+    say: Callable[[str], None],
+    command: Sequence[str],
+    owner: str,
+) -> int | Left | None:
+    started: dict[str, Any] | None = None
+    messages = _messages(sock)
+    try:
+        for message in messages:
+            event = message.get("event")
+            if event == "started" and started is None:
+                started = message
+                say(f"broker: handed sandbox {message.get('sandbox')} to {owner}")
+                running = " ".join(command)
+                say(
+                    f"sandbox {message.get('sandbox')}: running {running} in {message.get('image')}"
+                )
+            elif event == "say":
+                say(str(message.get("text", "")))
+            elif event == "pending":
+                asking.pending(str(message.get("id", "")), str((started or {}).get("sandbox")))
+            elif event == "exited":
+                say(str(message.get("summary", "")))
+                return int(message.get("code", 1))
+            elif message.get("ok") is False and started is None:
+                return None  # refused before anything started: run it here, checked
+    except KeyboardInterrupt:
+        _stop(sock, messages)
+        raise
+    finally:
+        asking.close()
+    if started is None:
+        return None
+    return Left(str(started.get("sandbox")), str(started.get("container")))
+
+
+def _stop(sock: socket.socket, messages: Iterator[dict[str, Any]]) -> None:
+    """Ctrl-C: ask the owner to remove the container, and give it a moment to."""
+    with contextlib.suppress(OSError):
+        sock.sendall(b'{"op": "stop"}\n')
+        sock.settimeout(STOP_WAIT_S)
+        for message in messages:
+            if message.get("event") == "exited":
+                return
+
+
+def _messages(sock: socket.socket) -> Iterator[dict[str, Any]]:
+    """The owner's JSON lines, to the end of the connection."""
+    buffer = b""
+    while chunk := sock.recv(65536):
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            try:
+                message = json.loads(line)
+            except ValueError:
+                return
+            if isinstance(message, dict):
+                yield message
+        if len(buffer) > 16 * MAX_LINE:
+            return
+
+
+class _Asking:
+    """The terminal's prompt, built at the first request that waits (rich, the
+    registry and the policy are loaded for a person only)."""
+
+    def __init__(self, cfg: Config, prompt: Callable[[], Prompt] | None) -> None:
+        self.cfg = cfg
+        self.make = prompt
+        self.prompt: Prompt | None = None
+
+    def pending(self, request_id: str, sandbox_id: str) -> None:
+        if self.make is None:
+            return
+        from broker.fleet import qualify
+        from broker.store.factory import open_store
+
+        if self.prompt is None:
+            self.prompt = self.make()
+        ledger = open_store(self.cfg)
+        try:
+            record = ledger.get(qualify(ledger.host, sandbox_id), request_id)
+        finally:
+            ledger.close()
+        if record is not None:
+            self.prompt(record)
+
+    def close(self) -> None:
+        if self.prompt is not None:
+            self.prompt.close()
