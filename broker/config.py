@@ -7,8 +7,6 @@ every resolved value is remembered so that anything written can be redacted.
 from __future__ import annotations
 
 import functools
-import os
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +14,7 @@ from typing import Any
 
 from broker import fleet
 from broker.errors import ConfigError
+from broker.inputs import locate
 from broker.repositories import Repositories
 from broker.repositories import parse as parse_repositories
 from broker.settings import Settings, check_no_literal_secrets, resolve_secret
@@ -174,26 +173,6 @@ def _secret_parts(secret: str) -> set[str]:
     return found
 
 
-def read_toml(path: Path, error: type[ConfigError], what: str) -> dict[str, Any]:
-    """A TOML file's tables; any problem is one `error` naming the file."""
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise error(f"{path}: no such {what}") from exc
-    except OSError as exc:
-        raise error(f"{path}: cannot read: {exc.strerror}") from exc
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise error(f"{path}: not valid TOML: {exc}") from exc
-
-
-def default_state_dir() -> Path:
-    env = os.environ.get("BROKER_STATE_DIR")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_STATE_HOME")
-    return Path(xdg) / "broker" if xdg else Path.home() / ".local" / "state" / "broker"
-
-
 def _duration(value: Any, key: str) -> float:
     from broker.clock import parse_duration
 
@@ -269,19 +248,16 @@ def load_config(
     policy: Path | None = None,
 ) -> Config:
     """Read broker.toml: `path`, else $BROKER_CONFIG, else <state_dir>/broker.toml."""
-    path, data = _read(path, state_dir)
+    located = locate(path, state_dir, policy)
+    path, data = located.path, located.data
     section = _broker_section(data, path)
-    base = path.parent if path else Path.cwd()
-    state = state_dir or (base / section["state_dir"] if "state_dir" in section else None)
-    state = Path(state) if state else default_state_dir()
-    policy_path = policy or (base / section["policy"] if "policy" in section else None)
     integrations = _integrations(data, path)
     credentials = _credentials(data.get("credentials", {}), integrations, path)
     repositories = data.get("repositories", {})
     parse_repositories(repositories, integrations)  # a fault stops the start, naming the key
     return Config(
-        state_dir=state.absolute(),
-        policy_path=policy_path.absolute() if policy_path else None,
+        state_dir=located.state_dir,
+        policy_path=located.policy_path,
         limits=_limits(section),
         integrations=integrations,
         sandbox=_sandbox(data),
@@ -321,19 +297,6 @@ def _log_format(value: Any) -> str:
     if value not in ("text", "json"):
         raise ConfigError(f'broker.log_format: expected "text" or "json", not {value!r}')
     return str(value)
-
-
-def _read(path: Path | None, state_dir: Path | None) -> tuple[Path | None, dict[str, Any]]:
-    """The file to read and its tables: an absent default file is no file at all, an
-    absent file someone named is an error."""
-    if path is None and os.environ.get("BROKER_CONFIG"):
-        path = Path(os.environ["BROKER_CONFIG"])
-    if path is not None:
-        return path, read_toml(path, ConfigError, "configuration file")
-    path = (state_dir or default_state_dir()) / "broker.toml"
-    if path.exists():
-        return path, read_toml(path, ConfigError, "configuration file")
-    return None, {}
 
 
 def ledger_url(section: Mapping[str, Any]) -> str | None:

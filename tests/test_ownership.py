@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.loop import control_client, ownership
+from broker.loop import control_client, lockfile
 from broker.models import TERMINAL
 from tests.crash.support import BROKER, Receiver, Site, broker_env, read_results, wait_for
 
@@ -46,7 +46,7 @@ def test_second_serve_refuses_naming_the_first(tmp_path: Path, receiver: Receive
     first = site.start()
     try:
         wait_for(lambda: "serving" in first.output(), 30, "the first broker")
-        assert ownership.served(site.state)
+        assert lockfile.served(site.state)
         done = second_serve(site)
         pending = site.cli("pending")
     finally:
@@ -56,7 +56,7 @@ def test_second_serve_refuses_naming_the_first(tmp_path: Path, receiver: Receive
     assert f"another broker (pid {first.pid}, `broker serve`, since " in lines[0]
     assert str(site.state) in lines[0] and "broker run" in lines[0]
     assert pending.returncode == 0 and "nothing waits" in pending.stdout
-    assert not ownership.served(site.state), "the lock is gone with its owner"
+    assert not lockfile.served(site.state), "the lock is gone with its owner"
 
 
 def test_flood_with_the_owner_killed_applies_nothing_twice(
@@ -124,7 +124,7 @@ def test_a_handed_sandbox_is_taken_over_when_its_owner_dies(tmp_path: Path) -> N
     said: list[str] = []
     serving = Serving(cfg, registry, load_policy(None, {}), "sb1", say=said.append)
     try:
-        eventually(lambda: ownership.served(cfg.state_dir), 30)
+        eventually(lambda: lockfile.served(cfg.state_dir), 30)
         serving.start()
         assert not serving.owner and said and f"to pid {owner.pid}" in said[0]
         write(box, "r1")
@@ -141,7 +141,7 @@ def test_a_handed_sandbox_is_taken_over_when_its_owner_dies(tmp_path: Path) -> N
     results = read_results(box / "results")
     assert results["r1"]["status"] == results["r2"]["status"] == "applied"
     assert "went away; serving sb1 here" in said[-1]
-    assert not ownership.served(cfg.state_dir)
+    assert not lockfile.served(cfg.state_dir)
 
 
 def write(box: Path, rid: str) -> None:
@@ -158,7 +158,7 @@ def test_a_state_dir_too_deep_for_a_unix_socket_path_is_served(
     deep home, a CI runner's work dir) is served all the same: its requests are answered
     and another process reaches the owner through the socket."""
     site = Site(tmp_path / ("d" * 60) / ("e" * 60) / "site", receiver.url, policy=POLICY)
-    assert len(os.fsencode(str(ownership.socket_path(site.state)))) > 108
+    assert len(os.fsencode(str(lockfile.socket_path(site.state)))) > 108
     owner = site.start()
     try:
         doc = {"version": 1, "id": "deep", "effect": "crashtest.send", "params": {"value": "x"}}

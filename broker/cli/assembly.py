@@ -8,17 +8,15 @@ the signals that stop them.
 
 from __future__ import annotations
 
-import logging
 import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker.config import Config, load_config
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # `broker run` beside an owner takes HELP alone: no config's validation
     from broker.approval.notify import Notifier
+    from broker.config import Config
     from broker.policy.ruleset import Policy
     from broker.registry import Registry
 
@@ -26,7 +24,6 @@ __all__ = [
     "HELP",
     "assemble",
     "check",
-    "inputs_digest",
     "install_logging",
     "notifier_for",
     "on_signals",
@@ -51,6 +48,8 @@ def assemble(
 ) -> tuple[Config, Registry, Policy, list[str]]:
     """The config, the registry checked against it, the policy and its warnings;
     a BrokerError names the first fault."""
+    from broker.config import load_config
+
     return check(load_config(config, state_dir=state, policy=policy))
 
 
@@ -68,26 +67,6 @@ def check(cfg: Config) -> tuple[Config, Registry, Policy, list[str]]:
     return cfg, registry, pol, [f"{pol.source}: {warning}" for warning in pol.warnings]
 
 
-def inputs_digest(cfg: Config) -> str:
-    """What the start-up check of `cfg` read: the broker's version, the state dir, and
-    broker.toml's and the policy's paths and bytes. An owner that passed the check
-    names it in its lock file; a `broker run` whose digest is the same is run by that
-    owner (which serves the sandbox with what it checked) without checking again."""
-    import hashlib
-
-    from broker import __version__
-
-    digest = hashlib.sha256(f"{__version__}\0{cfg.state_dir.resolve()}".encode())
-    for path in (cfg.source, cfg.policy_path):
-        digest.update(b"\0" + str(path.resolve() if path else "").encode() + b"\0")
-        if path is not None:
-            try:
-                digest.update(path.read_bytes())
-            except OSError as exc:  # the check itself says what is wrong with it
-                digest.update(f"unreadable {exc.errno}".encode())
-    return digest.hexdigest()
-
-
 def notifier_for(cfg: Config) -> Notifier | None:
     """What [notify] asks for (webhooks, Slack); None when it asks for nothing."""
     from broker.approval.notify import notifier_from
@@ -97,6 +76,8 @@ def notifier_for(cfg: Config) -> Notifier | None:
 
 def install_logging(verbose: bool, quiet: bool, fmt: str) -> None:
     """DEBUG with --verbose; else WARNING when `quiet` (run), INFO (serve)."""
+    import logging
+
     from broker.observability.logformat import install
 
     level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO

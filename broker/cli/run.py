@@ -14,11 +14,11 @@ import argparse
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from broker.cli.assembly import HELP, check, install_logging, notifier_for, on_signals
-from broker.config import load_config
+from broker.cli.assembly import HELP, on_signals
 from broker.errors import BrokerError
 from broker.untrusted import neutralize
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from broker.cli.prompt import Prompt
     from broker.cli.run_client import Left
     from broker.config import Config
+    from broker.inputs import Located
     from broker.loop.pipeline import Broker
     from broker.observability.telemetry import Telemetry
     from broker.registry import Registry
@@ -108,40 +109,52 @@ def _main(argv: Sequence[str]) -> int:
 
 
 def _run(args: argparse.Namespace, command: list[str]) -> int:
-    cfg = load_config(args.config, state_dir=args.state, policy=args.policy)
-    install_logging(args.verbose, True, args.log_format or cfg.log_format)
+    from broker.inputs import locate
+
+    located = locate(args.config, args.state, args.policy)
     left = None
-    if _handable(args, cfg):  # a serving broker that checked the same config runs it
+    if _handable(args):  # a serving broker that checked the same inputs runs it
         from broker.cli.run_client import through_owner
 
-        on_signals(threading.Event(), None, interrupt=True)
-        asking = (lambda: _prompt(*check(cfg)[:2])) if sys.stdin.isatty() else None
+        on_signals(threading.Event(), None, interrupt=True)  # SIGTERM too: the owner stops it
+        asking = partial(_owner_prompt, args, located) if sys.stdin.isatty() else None
         try:
-            handed = through_owner(cfg, command, args.image, say, asking)
+            handed = through_owner(located, command, args.image, args.runtime, say, asking)
         except KeyboardInterrupt:
             say("interrupted: the sandbox was removed")
             return 130
         if isinstance(handed, int):
             return handed
         left = handed
-    return _run_here(args, command, cfg, left)
+    return _run_here(args, command, left)
 
 
-def _handable(args: argparse.Namespace, cfg: Config) -> bool:
-    """Whether the serving broker may run it: none of what only this process can do
-    (a named, workspace or detached sandbox; its own inbox, metrics or traces)."""
-    mine = args.name or args.workspace or args.detach or args.listen or cfg.web
-    runtime = args.runtime in (None, cfg.sandbox.get("runtime", "docker"))
-    return not mine and runtime and cfg.metrics is None and cfg.tracing is None
+def _handable(args: argparse.Namespace) -> bool:
+    """Whether a serving broker may run it: none of what only this process can do (a
+    named, workspace or detached sandbox; an inbox of its own)."""
+    return not (args.name or args.workspace or args.detach or args.listen)
 
 
-def _run_here(args: argparse.Namespace, command: list[str], cfg: Config, left: Left | None) -> int:
+def _owner_prompt(args: argparse.Namespace, located: Located) -> Prompt:
+    """The terminal's prompt for what the owner's sandbox waits on (loaded then only)."""
+    from broker.cli.assembly import check
+    from broker.config import load_config
+
+    cfg = load_config(args.config, state_dir=args.state, policy=args.policy)
+    return _prompt(*check(cfg)[:2])
+
+
+def _run_here(args: argparse.Namespace, command: list[str], left: Left | None) -> int:
     """The run in this process: checked as `broker serve` checks, then served here or
     by the serving broker (broker.hosting.runner); `left`: the container to adopt."""
+    from broker.cli.assembly import check, install_logging, notifier_for
+    from broker.config import load_config
     from broker.hosting.runner import RunOptions, run
     from broker.masking import mask_logs
     from broker.observability.telemetry import Telemetry
 
+    cfg = load_config(args.config, state_dir=args.state, policy=args.policy)
+    install_logging(args.verbose, True, args.log_format or cfg.log_format)
     cfg, registry, policy, warnings = check(cfg)
     for warning in warnings:
         say(f"warning: {warning}")

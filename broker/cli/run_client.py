@@ -1,11 +1,12 @@
-"""`broker run` as a client of the serving broker that checked the same config.
+"""`broker run` as a client of the serving broker that checked the same inputs.
 
-When `broker serve` owns the state dir and its lock file names the digest of the
-start-up check this run would make (broker.cli.assembly.inputs_digest), the run is the
-owner's to do (broker.hosting.run_service): this process sends the command and prints
-what it is told, with the modules of the config and a socket only. Every other run, and
-one the owner refuses, is run by broker.hosting.runner as before; if the owner goes
-away while the sandbox runs, this process serves the container to its end itself.
+When `broker serve` owns the state dir and its lock file names the digest of what
+this run's start-up check would read (broker.inputs), the run is the owner's to do
+(broker.hosting.run_service): this process sends the command and prints what it is
+told, with broker.toml located and hashed and a socket, nothing of the config's
+validation, the engine or the pipeline. Every other run, and one the owner refuses,
+is checked and run by broker.hosting.runner as before; if the owner goes away while
+the sandbox runs, this process serves the container to its end itself.
 """
 
 from __future__ import annotations
@@ -13,13 +14,12 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from broker.cli.assembly import inputs_digest
-from broker.config import Config
-from broker.loop.ownership import MAX_LINE, read_owner, served, socket_path, unix_address
+from broker.inputs import Located
+from broker.loop.lockfile import MAX_LINE, read_owner, served, socket_path, unix_address
 
 if TYPE_CHECKING:
     from broker.cli.prompt import Prompt
@@ -38,27 +38,35 @@ class Left:
 
 
 def through_owner(
-    cfg: Config,
+    located: Located,
     command: Sequence[str],
     image: str | None,
+    runtime: str | None,
     say: Callable[[str], None],
     prompt: Callable[[], Prompt] | None = None,
 ) -> int | Left | None:
     """The sandbox's exit code once the owner has run it; Left; or None: no owner
     runs it (none serves, it checked other inputs, or it refused), run it here."""
-    owner = read_owner(cfg.state_dir)
-    if owner is None or owner.checked is None or not served(cfg.state_dir):
+    state_dir = located.state_dir
+    owner = read_owner(state_dir)
+    if owner is None or owner.checked is None or not served(state_dir):
         return None
-    checked = inputs_digest(cfg)
+    checked = located.digest()
     if owner.checked != checked:
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
-        with unix_address(socket_path(cfg.state_dir)) as address:
+        with unix_address(socket_path(state_dir)) as address:
             sock.connect(address)
-        ask = {"op": "run", "command": list(command), "image": image, "checked": checked}
+        ask = {
+            "op": "run",
+            "command": list(command),
+            "image": image,
+            "runtime": runtime,
+            "checked": checked,
+        }
         sock.sendall(json.dumps(ask).encode() + b"\n")
-        return _follow(sock, _Asking(cfg, prompt), say, command, str(owner))
+        return _follow(sock, _Asking(located, prompt), say, command, str(owner))
     except OSError:
         return None  # it stopped listening before the run began: run it here
     finally:
@@ -73,9 +81,9 @@ def _follow(
     owner: str,
 ) -> int | Left | None:
     started: dict[str, Any] | None = None
-    messages = _messages(sock)
+    messages = _Lines(sock)
     try:
-        for message in messages:
+        while (message := messages.next()) is not None:
             event = message.get("event")
             if event == "started" and started is None:
                 started = message
@@ -103,39 +111,51 @@ def _follow(
     return Left(str(started.get("sandbox")), str(started.get("container")))
 
 
-def _stop(sock: socket.socket, messages: Iterator[dict[str, Any]]) -> None:
-    """Ctrl-C: ask the owner to remove the container, and give it a moment to."""
+def _stop(sock: socket.socket, messages: _Lines) -> None:
+    """Ctrl-C: ask the owner to remove the container, and give it a moment to (it says
+    `exited` once the container is gone)."""
     with contextlib.suppress(OSError):
         sock.sendall(b'{"op": "stop"}\n')
         sock.settimeout(STOP_WAIT_S)
-        for message in messages:
+        while (message := messages.next()) is not None:
             if message.get("event") == "exited":
                 return
 
 
-def _messages(sock: socket.socket) -> Iterator[dict[str, Any]]:
-    """The owner's JSON lines, to the end of the connection."""
-    buffer = b""
-    while chunk := sock.recv(65536):
-        buffer += chunk
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
-            try:
-                message = json.loads(line)
-            except ValueError:
-                return
-            if isinstance(message, dict):
-                yield message
-        if len(buffer) > 16 * MAX_LINE:
-            return
+class _Lines:
+    """The owner's JSON lines, one object at a time; what was read survives a Ctrl-C
+    in the middle of a read (the stop that follows reads on from it)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buffer = b""
+
+    def next(self) -> dict[str, Any] | None:
+        """The next object; None at the end of the connection or of sense (a line
+        that is not JSON, or one longer than the protocol allows)."""
+        while True:
+            while b"\n" in self.buffer:
+                line, self.buffer = self.buffer.split(b"\n", 1)
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    return None
+                if isinstance(message, dict):
+                    return message
+            if len(self.buffer) > 16 * MAX_LINE:
+                return None
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                return None
+            self.buffer += chunk
 
 
 class _Asking:
     """The terminal's prompt, built at the first request that waits (rich, the
     registry and the policy are loaded for a person only)."""
 
-    def __init__(self, cfg: Config, prompt: Callable[[], Prompt] | None) -> None:
-        self.cfg = cfg
+    def __init__(self, located: Located, prompt: Callable[[], Prompt] | None) -> None:
+        self.located = located
         self.make = prompt
         self.prompt: Prompt | None = None
 
@@ -147,7 +167,7 @@ class _Asking:
 
         if self.prompt is None:
             self.prompt = self.make()
-        ledger = open_store(self.cfg)
+        ledger = open_store(self.prompt.cfg)
         try:
             record = ledger.get(qualify(ledger.host, sandbox_id), request_id)
         finally:

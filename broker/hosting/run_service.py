@@ -1,7 +1,7 @@
 """`broker run`s that `broker serve` runs for its clients: the control socket's run op.
 
 A `broker run` beside a serving broker whose start-up check read the same inputs
-(broker.cli.assembly.inputs_digest) hands its whole life to that broker: the owner
+(broker.inputs.digest) hands its whole life to that broker: the owner
 takes a sandbox from its warm pool or starts one cold (the spec and proof of
 broker.hosting.runner), serves it, tells the client what to print, waits, removes the
 container, drains what it left and says what it came to. The owner's modules, engine
@@ -45,6 +45,7 @@ class RunRequest:
 
     command: tuple[str, ...]
     image: str | None
+    runtime: str | None  # --runtime; None: the broker's own
     checked: str
 
 
@@ -61,10 +62,13 @@ def parse(message: Mapping[str, Any]) -> RunRequest:
     image = message.get("image")
     if image is not None and (not isinstance(image, str) or not image or "\0" in image):
         raise ValueError("image: expected an image name or null")
+    runtime = message.get("runtime")
+    if runtime is not None and not isinstance(runtime, str):
+        raise ValueError("runtime: expected docker, podman or null")
     checked = message.get("checked")
     if not isinstance(checked, str):
         raise ValueError("checked: expected the digest of the start-up check")
-    return RunRequest(tuple(command), image, checked)
+    return RunRequest(tuple(command), image, runtime, checked)
 
 
 @dataclass
@@ -72,7 +76,8 @@ class _Run:
     sandbox_id: str
     image: str
     handle: Handle
-    removed: threading.Event
+    removing: threading.Lock  # a stop and the run's own end may both remove it
+    removed: bool = False
 
 
 class RunService:
@@ -98,6 +103,8 @@ class RunService:
             request = parse(message)
             if request.checked != self.checked:
                 raise BrokerError("broker.toml or the policy changed since this broker started")
+            if request.runtime not in (None, runtime_name(self.config)):
+                raise BrokerError(f"this broker runs {runtime_name(self.config)} sandboxes")
             run = self._start(request, conn)
         except (ValueError, BrokerError) as exc:
             conn.send({"ok": False, "error": str(exc)})
@@ -150,7 +157,7 @@ class RunService:
         if not reply.get("ok"):
             runtime.remove(handle)
             raise SandboxError(f"cannot serve sandbox {sandbox_id}: {reply.get('error')}")
-        return _Run(sandbox_id, image, handle, threading.Event())
+        return _Run(sandbox_id, image, handle, threading.Lock())
 
     def _life(self, run: _Run, request: RunRequest, conn: Connection) -> None:
         """Start to summary: what the client prints, and the sandbox's exit code."""
@@ -173,8 +180,8 @@ class RunService:
             log.debug("sandbox %s: wait ended: %s", run.sandbox_id, exc)
             code = 137
         output.join(5)
+        released = self._control("release", run.sandbox_id, None)  # drained meanwhile
         self._remove(run)
-        released = self._control("release", run.sandbox_id, None)
         try:
             released.get(timeout=RELEASE_TIMEOUT_S + REPLY_S)
         except queue.Empty:
@@ -183,13 +190,15 @@ class RunService:
         conn.send({"event": "exited", "code": code, "summary": text})
 
     def _remove(self, run: _Run) -> None:
-        if run.removed.is_set():
-            return
-        run.removed.set()
-        try:
-            self.runtime().remove(run.handle)
-        except SandboxError as exc:
-            log.warning("sandbox %s: %s", run.sandbox_id, exc)
+        """Remove the container once; a second caller returns when it is gone."""
+        with run.removing:
+            if run.removed:
+                return
+            run.removed = True
+            try:
+                self.runtime().remove(run.handle)
+            except SandboxError as exc:
+                log.warning("sandbox %s: %s", run.sandbox_id, exc)
 
     def _control(
         self, op: str, sandbox_id: str, conn: Connection | None

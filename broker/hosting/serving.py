@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from broker.clock import REAL
 from broker.config import Config
 from broker.errors import BrokerError, OwnerGone, StateBusy
-from broker.loop import control_client, ownership
+from broker.loop import control_client, lockfile
 
 if TYPE_CHECKING:  # the pipeline is imported when this process serves (on its own thread)
     from broker.approval.notify import Notifier
@@ -76,7 +76,7 @@ class Serving:
         owner serving, this process becomes the owner only once the sandbox writes into
         its outbox, or is found to have written when it exits (:meth:`exited`): a run
         whose agent asks for nothing builds no broker. Blocks until then."""
-        owner = ownership.served(self.config.state_dir)
+        owner = lockfile.served(self.config.state_dir)
         if when_written and not owner and not self._await_write():
             return
         with self._lock:
@@ -130,7 +130,7 @@ class Serving:
     def _attach(self, deadline: float, client_ok: bool = True) -> None:
         """Serve through the owner if one answers, else as the owner (lock held)."""
         while True:
-            if client_ok and ownership.served(self.config.state_dir):
+            if client_ok and lockfile.served(self.config.state_dir):
                 client = control_client.connect(
                     self.config.state_dir, self._pending_id, on_gone=self._owner_gone
                 )
@@ -141,7 +141,7 @@ class Serving:
                         client.close()
                     else:
                         self._client = client
-                        owner = ownership.read_owner(self.config.state_dir)
+                        owner = lockfile.read_owner(self.config.state_dir)
                         self.say(f"broker: handed sandbox {self.sandbox_id} to {owner}")
                         return
             try:

@@ -21,7 +21,7 @@ from broker.errors import BrokerError, SandboxError
 from broker.hosting import sandbox
 from broker.integrations import autogen_gate as gate
 from broker.integrations import embedded as hosting
-from broker.loop import ownership
+from broker.loop import lockfile
 
 
 class SandboxCodeExecutor(Protocol):
@@ -100,7 +100,7 @@ def _where(
             raise SandboxError("the executor has not started")
         return executor.config, executor.served_paths
     assert cfg is not None
-    if not ownership.served(cfg.state_dir):
+    if not lockfile.served(cfg.state_dir):
         raise SandboxError(
             f"no broker serves {cfg.state_dir}; start one with `broker serve` "
             "(or pass approval_func the executor)"

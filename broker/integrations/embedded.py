@@ -15,7 +15,7 @@ from typing import Any
 from broker.config import Config
 from broker.errors import BrokerError, SandboxError
 from broker.hosting import sandbox
-from broker.loop import ownership
+from broker.loop import lockfile
 
 __all__ = ["Served", "serve", "served_by_running"]
 
@@ -74,7 +74,7 @@ class Served:
 
 def serve(config: Config, sandbox_id: str) -> Served:
     """Make `sandbox_id`'s directories and see that a broker serves them."""
-    if ownership.served(config.state_dir):
+    if lockfile.served(config.state_dir):
         return served_by_running(config, sandbox_id)
     paths = sandbox.prepare_dirs(config.state_dir, sandbox_id)
     return _own_broker(config, paths)

@@ -15,7 +15,8 @@ from typing import Any
 
 from broker.clock import REAL
 from broker.errors import BrokerError, OwnerGone
-from broker.loop.ownership import lines, served, socket_path, unix_address
+from broker.loop.lockfile import served, socket_path, unix_address
+from broker.loop.ownership import lines
 
 __all__ = ["ControlClient", "connect"]
 

@@ -16,17 +16,19 @@ The control protocol is JSON lines over that socket:
 run's whole life on the owner's side, with its warm pool and its engine connection, the
 client left to print what it is told and exit with the sandbox's code:
 
-    → {"op": "run", "command": [ARG…], "image": IMAGE|null, "checked": DIGEST}
+    → {"op": "run", "command": [ARG…], "image": IMAGE|null, "runtime": NAME|null,
+       "checked": DIGEST}
     ← {"event": "started", "sandbox": ID, "container": SHORT_ID, "image": IMAGE}
-    ← {"event": "log", "text": LINE}       (the agent's output, raw: the client neutralises it)
+    ← {"event": "say", "text": LINE}       (a line to print: the agent's output, neutralised
+                                           here and again by the client, or the owner's)
     ← {"event": "pending", "id": RID}
     → {"op": "stop"}                      (Ctrl-C: the container is removed)
     ← {"event": "exited", "code": N, "summary": TEXT}
     ← {"ok": false, "error": …}           (refused: nothing was started)
 
 DIGEST is the one the owner's lock file names (`Owner.checked`): the inputs of the
-start-up check it passed (broker.cli.assembly.inputs_digest). A run whose inputs differ
-is refused and runs on its own path, checked as usual.
+start-up check it passed (broker.inputs.digest). A run whose inputs differ, or that
+asks for another runtime, is refused and runs on its own path, checked as usual.
 """
 
 from __future__ import annotations
@@ -41,33 +43,23 @@ import queue
 import socket
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from broker import clock
 from broker.errors import LeaseLost, StateBusy
+from broker.loop.lockfile import (
+    MAX_LINE,
+    read_owner,
+    socket_path,
+    unix_address,
+)
 
 if TYPE_CHECKING:  # `broker run`'s client reads the lock and the socket alone
     from broker.events import Event
     from broker.store.base import Lease
 
 log = logging.getLogger("broker.loop.ownership")
-MAX_LINE = 64 * 1024
-
-
-@dataclass(frozen=True)
-class Owner:
-    """Who holds a state dir: its pid, what it runs, since when, and the digest of the
-    start-up check it passed (None: it runs no sandboxes for others)."""
-
-    pid: int
-    command: str
-    since: str
-    checked: str | None = None
-
-    def __str__(self) -> str:
-        return f"pid {self.pid}, `{self.command}`, since {self.since}"
 
 
 class StateLock:
@@ -130,58 +122,6 @@ class StateLock:
                 os.ftruncate(self._fd, 0)
             os.close(self._fd)  # closing the fd drops the flock
             self._fd = -1
-
-
-def read_owner(state_dir: Path) -> Owner | None:
-    """The owner the lock file names, if any (the file may be stale: the lock decides)."""
-    try:
-        data = json.loads((state_dir / "broker.lock").read_text(encoding="utf-8"))
-        checked = data.get("checked")
-        return Owner(
-            int(data["pid"]),
-            str(data["command"]),
-            str(data["since"]),
-            checked if isinstance(checked, str) else None,
-        )
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def served(state_dir: Path) -> bool:
-    """Whether some process owns (serves) `state_dir` right now; never blocks."""
-    try:
-        fd = os.open(state_dir / "broker.lock", os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # drops our own shared lock, if we got it
-    return False
-
-
-def socket_path(state_dir: Path) -> Path:
-    return state_dir / "control" / "broker.sock"
-
-
-UNIX_PATH_MAX = 107  # the kernel's sun_path holds 108 bytes, its NUL included
-
-
-@contextlib.contextmanager
-def unix_address(path: Path) -> Iterator[str]:
-    """An AF_UNIX address for `path` however deep the state dir is: past the kernel's
-    limit, its directory is opened and named through /proc/self/fd (Linux), which
-    bind and connect resolve to the directory itself."""
-    if len(os.fsencode(str(path))) <= UNIX_PATH_MAX:
-        yield str(path)
-        return
-    fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        yield f"/proc/self/fd/{fd}/{path.name}"
-    finally:
-        os.close(fd)
 
 
 # -- the owner's side -------------------------------------------------------------------

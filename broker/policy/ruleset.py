@@ -212,7 +212,7 @@ def load_policy(
     registered effects' `schemas`, unknown effects and params are refused too."""
     if path is None:
         return Policy()
-    from broker.config import read_toml
+    from broker.inputs import read_toml
 
     data = read_toml(path, PolicyError, "policy file")
     return parse_policy(data, reversible, str(path), schemas)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from broker.loop import ownership
+from broker.loop import lockfile
 from tests.sandbox.conftest import agent_image, engine
 
 __all__ = ["agent_image", "engine"]
@@ -104,7 +104,7 @@ def serve(host: Host) -> Iterator[Callable[..., subprocess.Popen[str]]]:
             )
         started.append(proc)
         end = time.monotonic() + 60
-        while not ownership.served(host.state):
+        while not lockfile.served(host.state):
             assert proc.poll() is None, log.read_text()
             assert time.monotonic() < end, "broker serve did not start within 60s"
             time.sleep(0.05)

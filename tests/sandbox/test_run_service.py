@@ -19,7 +19,7 @@ import pytest
 
 from broker.config import load_config
 from broker.hosting import sandbox, warm
-from broker.loop.ownership import socket_path, unix_address
+from broker.loop.lockfile import socket_path, unix_address
 from tests.support import eventually
 
 pytestmark = pytest.mark.docker
@@ -97,8 +97,9 @@ def test_the_owner_runs_it_and_the_run_loads_no_engine_or_pipeline(
     served: Path, engine: docker.DockerClient, tmp_path: Path
 ) -> None:
     """The agent's request is applied, its exit code is the run's, its output and the
-    summary are printed; the container is gone; the run itself loaded neither the
-    engine's client, the pipeline nor the registry (that is what makes it fast)."""
+    summary are printed; the container is gone; the run itself loaded none of the
+    config's validation, the engine's client, the pipeline, the registry or logging
+    (that is what makes it fast)."""
     modules = tmp_path / "modules.txt"
     argv = [sys.executable, "-c", WRAPPED, str(modules), "--config", str(served), "--"]
     done = subprocess.run(
@@ -115,7 +116,8 @@ def test_the_owner_runs_it_and_the_run_loads_no_engine_or_pipeline(
     assert (served.parent / "exports" / "owner.txt").read_text() == "by the owner"
     assert containers(engine, sandbox_id) == []
     loaded = set(modules.read_text().split())
-    for heavy in ("broker.hosting.runtimes.engine", "broker.loop.pipeline", "broker.registry"):
+    heavy_modules = ("broker.config", "broker.hosting.runtimes.engine", "broker.loop.pipeline")
+    for heavy in (*heavy_modules, "broker.loop.ownership", "broker.registry", "logging"):
         assert heavy not in loaded, heavy
 
 
@@ -215,10 +217,22 @@ def test_the_owner_refuses_a_run_it_cannot_vouch_for(
 ) -> None:
     """A malformed run op, or one naming other inputs than the owner checked: refused
     with a reason, and nothing is started."""
-    before = {c.id for c in sandbox.leftovers(engine)}
+    state = served.parent / "state"
+    before = started_for(engine, state)
     answer = ask(served, {"op": "run", **message})
     assert answer["ok"] is False and says in answer["error"], answer
-    assert {c.id for c in sandbox.leftovers(engine)} <= before
+    assert started_for(engine, state) <= before
+
+
+def started_for(engine: docker.DockerClient, state: Path) -> set[str]:
+    """The containers of runs on `state` (its pool's, refilled meanwhile, aside; other
+    tests' containers on the same engine are not this state dir's)."""
+    return {
+        c.id
+        for c in sandbox.leftovers(engine)
+        if warm.WARM_LABEL not in c.labels
+        and any(m.get("Source", "").startswith(f"{state}/") for m in c.attrs.get("Mounts", []))
+    }
 
 
 def test_an_owner_that_dies_leaves_the_sandbox_to_the_run(
