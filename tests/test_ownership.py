@@ -122,7 +122,8 @@ def test_a_handed_sandbox_is_taken_over_when_its_owner_dies(tmp_path: Path) -> N
     registry = default_registry()
     registry.check_config(cfg.integrations, cfg.base_dir)
     said: list[str] = []
-    serving = Serving(cfg, registry, load_policy(None, {}), "sb1", say=said.append)
+    policy = load_policy(None, {})
+    serving = Serving(cfg, lambda: (registry, policy), "sb1", say=said.append)
     try:
         eventually(lambda: lockfile.served(cfg.state_dir), 30)
         serving.start()

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # `broker run` beside an owner takes HELP alone: no config's 
 
 __all__ = [
     "HELP",
+    "Checked",
     "assemble",
     "check",
     "install_logging",
@@ -65,6 +66,35 @@ def check(cfg: Config) -> tuple[Config, Registry, Policy, list[str]]:
     cfg.staged.check(registry.names())  # a glob naming no effect would stage nothing
     pol = load_policy(cfg.policy_path, registry.reversibility(), registry.schemas())
     return cfg, registry, pol, [f"{pol.source}: {warning}" for warning in pol.warnings]
+
+
+class Checked:
+    """A config's registry and policy, its start-up check passed: checked already, or
+    (inputs a check passed before: broker.cli.passed) checked when first asked for,
+    which is when a broker is built; a fault then is the check's BrokerError."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        done: tuple[Registry, Policy] | None = None,
+        on_fault: Callable[[], None] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self._done = done
+        self._on_fault = on_fault  # a check put off failed: e.g. forget that it passed
+        self._lock = threading.Lock()
+
+    def get(self) -> tuple[Registry, Policy]:
+        with self._lock:
+            if self._done is None:
+                try:
+                    _, registry, policy, _ = check(self.cfg)
+                except BaseException:
+                    if self._on_fault is not None:
+                        self._on_fault()
+                    raise
+                self._done = registry, policy
+            return self._done
 
 
 def notifier_for(cfg: Config) -> Notifier | None:

@@ -23,11 +23,13 @@ from broker.errors import BrokerError
 from broker.untrusted import neutralize
 
 if TYPE_CHECKING:
+    from broker.cli.assembly import Checked
     from broker.cli.prompt import Prompt
     from broker.cli.run_client import Left
     from broker.config import Config
     from broker.inputs import Located
     from broker.loop.pipeline import Broker
+    from broker.models import Record
     from broker.observability.telemetry import Telemetry
     from broker.registry import Registry
     from broker.web.server import WebServer
@@ -145,22 +147,28 @@ def _owner_prompt(args: argparse.Namespace, located: Located) -> Prompt:
 
 
 def _run_here(args: argparse.Namespace, command: list[str], left: Left | None) -> int:
-    """The run in this process: checked as `broker serve` checks, then served here or
-    by the serving broker (broker.hosting.runner); `left`: the container to adopt."""
-    from broker.cli.assembly import check, install_logging, notifier_for
+    """The run in this process: checked as `broker serve` checks (or, inputs that
+    passed before, when a broker is first built: broker.cli.passed), then served here
+    or by the serving broker (broker.hosting.runner); `left`: the container to adopt."""
+    from broker.cli.assembly import Checked, check, install_logging, notifier_for
+    from broker.cli.passed import forget, passed_before, remember
     from broker.config import load_config
     from broker.hosting.runner import RunOptions, run
     from broker.masking import mask_logs
-    from broker.observability.telemetry import Telemetry
 
     cfg = load_config(args.config, state_dir=args.state, policy=args.policy)
     install_logging(args.verbose, True, args.log_format or cfg.log_format)
-    cfg, registry, policy, warnings = check(cfg)
+    extras = args.listen or cfg.web or cfg.metrics is not None or cfg.tracing is not None
+    warnings = None if extras else passed_before(cfg)
+    checked = Checked(cfg, on_fault=partial(forget, cfg))
+    if warnings is None:  # new inputs (or an inbox, metrics, traces): checked first
+        cfg, registry, policy, warnings = check(cfg)
+        checked = Checked(cfg, (registry, policy))
+        remember(cfg, warnings)
     for warning in warnings:
         say(f"warning: {warning}")
     mask_logs(cfg.secret_values())  # no secret in any log line, from the web or a notifier
-    telemetry = Telemetry.from_config(cfg, registry)
-    prompt = _prompt(cfg, registry) if sys.stdin.isatty() and not args.detach else None
+    prompt = _Prompting(checked) if sys.stdin.isatty() and not args.detach else None
     options = RunOptions(
         command=command,
         image=args.image,
@@ -177,11 +185,9 @@ def _run_here(args: argparse.Namespace, command: list[str], left: Left | None) -
     on_signals(threading.Event(), None, interrupt=True)
     if left is not None:
         say(f"broker: the serving broker went away; serving {left.sandbox_id} here")
-    web = _web(cfg, registry, args, telemetry)
+    telemetry, web = _observed(cfg, checked, args) if extras else (None, None)
     try:
-        for line in telemetry.start(insecure=args.insecure_listen):
-            say(line)
-        return run(cfg, registry, policy, options)
+        return run(cfg, checked.get, options)
     except KeyboardInterrupt:
         say("interrupted: the sandbox was removed")
         return 130
@@ -190,7 +196,40 @@ def _run_here(args: argparse.Namespace, command: list[str], left: Left | None) -
             prompt.close()
         if web is not None:
             web.stop()
-        telemetry.close()
+        if telemetry is not None:
+            telemetry.close()
+
+
+class _Prompting:
+    """The terminal's prompt, built when a request first waits (rich, the registry and
+    the policy are loaded for a person only)."""
+
+    def __init__(self, checked: Checked) -> None:
+        self.checked = checked
+        self.prompt: Prompt | None = None
+
+    def __call__(self, record: Record) -> None:
+        if self.prompt is None:
+            self.prompt = _prompt(self.checked.cfg, self.checked.get()[0])
+        self.prompt(record)
+
+    def close(self) -> None:
+        if self.prompt is not None:
+            self.prompt.close()
+
+
+def _observed(
+    cfg: Config, checked: Checked, args: argparse.Namespace
+) -> tuple[Telemetry, WebServer | None]:
+    """[metrics], [tracing] and the inbox, started (the config was checked first)."""
+    from broker.observability.telemetry import Telemetry
+
+    registry = checked.get()[0]
+    telemetry = Telemetry.from_config(cfg, registry)
+    web = _web(cfg, registry, args, telemetry)
+    for line in telemetry.start(insecure=args.insecure_listen):
+        say(line)
+    return telemetry, web
 
 
 def _prompt(cfg: Config, registry: Registry) -> Prompt:

@@ -53,18 +53,21 @@ def new_sandbox_id(name: str | None) -> str:
     return name or f"sb-{secrets.token_hex(4)}"
 
 
-def run(config: Config, registry: Registry, policy: Policy, options: RunOptions) -> int:
+Checked = Callable[[], "tuple[Registry, Policy]"]
+"""The registry and the policy, the config's start-up check passed (broker.cli.assembly's
+Checked.get): asked for when a broker is built, which a run that writes nothing skips."""
+
+
+def run(config: Config, checked: Checked, options: RunOptions) -> int:
     """Start the sandbox, serve it until it exits, drain, summarise; return its exit code."""
     runtime = open_runtime(runtime_name(config, options.runtime))
     try:
-        return _run(config, registry, policy, options, runtime)
+        return _run(config, checked, options, runtime)
     finally:
         runtime.close()
 
 
-def _run(
-    config: Config, registry: Registry, policy: Policy, options: RunOptions, runtime: Runtime
-) -> int:
+def _run(config: Config, checked: Checked, options: RunOptions, runtime: Runtime) -> int:
     image = options.image or str(config.sandbox.get("image", images.DEFAULT_IMAGE))
     taken = _take_warm(config, options, runtime, image)
     if options.adopt is not None and options.name is not None:  # its broker went away
@@ -90,8 +93,7 @@ def _run(
         start = partial(runtime.start, spec)
     serving = Serving(
         config,
-        registry,
-        policy,
+        checked,
         sandbox_id,
         on_broker=options.on_broker,
         on_pending=options.on_pending,

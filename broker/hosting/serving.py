@@ -36,8 +36,7 @@ class Serving:
     def __init__(
         self,
         config: Config,
-        registry: Registry,
-        policy: Policy,
+        checked: Callable[[], tuple[Registry, Policy]],
         sandbox_id: str,
         *,
         on_pending: Callable[[Record], None] | None = None,
@@ -46,8 +45,7 @@ class Serving:
         say: Callable[[str], None] = print,
     ) -> None:
         self.config = config
-        self.registry = registry
-        self.policy = policy
+        self.checked = checked  # the registry and policy, checked when a broker is built
         self.sandbox_id = sandbox_id
         self.on_pending = on_pending
         self.on_broker = on_broker
@@ -156,7 +154,7 @@ class Serving:
         from broker.intake.outbox import from_layout
         from broker.loop.pipeline import Broker
 
-        broker = Broker(self.config, self.registry, self.policy)
+        broker = Broker(self.config, *self.checked())
         broker.command = "broker run"
         broker.lock.acquire(broker.command)  # StateBusy: someone else owns it
         try:

@@ -37,7 +37,7 @@ def hosted_by_run(config: Config) -> Callable[[], None]:
     registry = default_registry()
     registry.check_config(config.integrations, config.base_dir)
     policy = load_policy(config.policy_path, registry.reversibility(), registry.schemas())
-    serving = Serving(config, registry, policy, "sb1", on_broker=on_broker(config))
+    serving = Serving(config, lambda: (registry, policy), "sb1", on_broker=on_broker(config))
     serving.start()
     assert serving.owner
     return serving.finish
