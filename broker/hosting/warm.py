@@ -52,6 +52,7 @@ __all__ = [
     "pool_root",
     "settings",
     "take",
+    "usable",
 ]
 
 WARM_LABEL = "io.sandbox-broker.hosting.warm"
@@ -118,6 +119,7 @@ class Warm:
     created_at: float
     paths: SandboxPaths
     entry: Path
+    image_id: str = ""  # the image's id when it was made ("": not known, never stale)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -126,6 +128,7 @@ class Warm:
             "container_id": self.container_id,
             "entrypoint": list(self.entrypoint),
             "created_at": self.created_at,
+            "image_id": self.image_id,
         }
 
     @classmethod
@@ -141,7 +144,12 @@ class Warm:
             created_at=float(data["created_at"]),
             paths=SandboxPaths(sid, root, root / "outbox", root / "results"),
             entry=entry,
+            image_id=str(data.get("image_id", "")),
         )
+
+    def stale(self, image_id: str | None) -> bool:
+        """Made from another image than the tag names now (it was rebuilt since)."""
+        return bool(self.image_id) and self.image_id != image_id
 
 
 def claim(root: Path, key: str, state_dir: Path) -> Warm | None:
@@ -186,17 +194,29 @@ def take(
     if count(config) == 0:
         return None
     root = root or pool_root(config)
-    if key is None:
-        found = settings(config, runtime_name)
-        key = (replace(found, image=image) if image else found).key
+    found = settings(config, runtime_name)
+    if image:
+        found = replace(found, image=image)
     while True:
-        warm = claim(root, key, config.state_dir)
+        warm = claim(root, key or found.key, config.state_dir)
         if warm is None or runtime is None:
             return warm
-        handle = runtime.get(warm.container_id)
-        if handle is not None and handle.status == "running":
+        if usable(warm, runtime, found.image):
             return warm
-        discard(warm, runtime, handle)
+
+
+def usable(warm: Warm, runtime: Runtime, image: str) -> bool:
+    """Whether a claimed sandbox may run: its container running, made from the image
+    ``image`` names now; else it is discarded (the caller takes the next, or goes cold)."""
+    handle = runtime.get(warm.container_id)
+    if (
+        handle is not None
+        and handle.status == "running"
+        and not warm.stale(runtime.image_id(image))
+    ):
+        return True
+    discard(warm, runtime, handle)
+    return False
 
 
 def launch(

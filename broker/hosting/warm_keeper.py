@@ -23,7 +23,17 @@ from broker.config import Config
 from broker.errors import SandboxError
 from broker.hosting.runtimes.base import Runtime
 from broker.hosting.runtimes.spec import LABEL, SANDBOX_UID, prepare_dirs, sandbox_spec
-from broker.hosting.warm import CLAIMED, FIFO, LAUNCHER, WARM_LABEL, Settings, Warm, claim, discard
+from broker.hosting.warm import (
+    CLAIMED,
+    FIFO,
+    LAUNCHER,
+    WARM_LABEL,
+    Settings,
+    Warm,
+    claim,
+    discard,
+    usable,
+)
 
 __all__ = ["STALE_CLAIM_S", "WarmPool", "create", "keeper_for"]
 
@@ -65,12 +75,15 @@ def create(
             labels={**(labels or {}), WARM_LABEL: found.key},
         )
         entrypoint = runtime.image_entrypoint(found.image)
+        image_id = runtime.image_id(found.image) or ""  # (rebuilt later: this one is stale)
         handle = runtime.start(replace(spec, entrypoint=("/bin/sh",)))
     except BaseException:
         _rmtree(paths.root)
         raise
     entry = root / found.key / sandbox_id
-    warm = Warm(found.key, sandbox_id, str(handle.id), entrypoint, clock.time(), paths, entry)
+    warm = Warm(
+        found.key, sandbox_id, str(handle.id), entrypoint, clock.time(), paths, entry, image_id
+    )
     try:
         entry.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         temp = entry.parent / f".{sandbox_id}.tmp"
@@ -145,16 +158,13 @@ class WarmPool:
             self._thread.start()
 
     def take(self) -> Warm | None:
-        """A claimed sandbox whose container is running, or None; the keeper refills."""
+        """A claimed sandbox whose container is running, made from the image its tag
+        names now, or None; the keeper refills."""
         while True:
             warm = claim(self.root, self.key, self.state_dir)
             self._wake.set()
-            if warm is None:
-                return None
-            handle = self.runtime.get(warm.container_id)
-            if handle is not None and handle.status == "running":
+            if warm is None or usable(warm, self.runtime, self.settings.image):
                 return warm
-            discard(warm, self.runtime, handle)
 
     def wait_full(self, timeout: float) -> bool:
         """Until the pool holds its N (a test's, a bench's wait); whether it does."""
@@ -222,9 +232,11 @@ class WarmPool:
                     self._filled.notify_all()
 
     def sweep(self) -> None:
-        """Remove other keys' entries, entries whose container is gone, stale claims."""
+        """Remove other keys' entries, entries whose container is gone or whose image
+        was rebuilt since, stale claims."""
+        image_id = self.runtime.image_id(self.settings.image)
         for key_dir in self._keys():
-            self._drain(key_dir, keep=self.key)
+            self._drain(key_dir, keep=self.key, image_id=image_id)
             if key_dir.name != self.key:
                 _rmdir(key_dir)
         now = self._clock.time()
@@ -262,8 +274,9 @@ class WarmPool:
             return []
         return [p for p in sorted(self.root.iterdir()) if p.is_dir() and p.name[0] != "."]
 
-    def _drain(self, key_dir: Path, keep: str | None) -> None:
-        """Remove the entries of ``key_dir``; of the key ``keep``, only the dead ones."""
+    def _drain(self, key_dir: Path, keep: str | None, image_id: str | None = None) -> None:
+        """Remove the entries of ``key_dir``; of the key ``keep``, only the dead ones
+        and those made from another image than ``image_id``."""
         for entry in sorted(key_dir.iterdir()):
             if entry.name[0] == ".":
                 continue
@@ -277,7 +290,7 @@ class WarmPool:
             handle = None
             if key_dir.name == keep:
                 handle = self.runtime.get(warm.container_id)
-                if handle is not None and handle.status == "running":
+                if handle is not None and handle.status == "running" and not warm.stale(image_id):
                     continue
             mine = self.root / CLAIMED / entry.name
             try:  # claimed first: a taker may be after it too

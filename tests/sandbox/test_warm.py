@@ -3,12 +3,14 @@ each handed out once, refilled, replaced when the config changes, and cleaned up
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -262,6 +264,48 @@ def test_a_changed_config_replaces_the_old_entries(
     assert len(new.idle()) == 1
     attrs = engine.api.inspect_container(json.loads(new.idle()[0].read_text())["container_id"])
     assert attrs["HostConfig"]["Memory"] == 256 * 1024**2
+
+
+@pytest.fixture
+def rebuilt_tag(
+    engine: docker.DockerClient, agent_image: str
+) -> Iterator[tuple[str, Callable[[], str]]]:
+    """A tag of the agent image unique to the test, and a way to rebuild it: the tag
+    then names a new image (the agent image plus a label), as `docker build` would."""
+    tag = f"broker-sandbox:rebuilt-{uuid.uuid4().hex[:8]}"
+    engine.images.get(agent_image).tag(tag)
+
+    def rebuild() -> str:
+        image, _ = engine.images.build(
+            fileobj=io.BytesIO(f"FROM {agent_image}\nLABEL rebuilt={tag}\n".encode()),
+            tag=tag,
+            rm=True,
+        )
+        return str(image.id)
+
+    yield tag, rebuild
+    engine.images.remove(tag, force=True)
+
+
+def test_a_rebuilt_image_is_never_run_from_an_older_pooled_container(
+    make_pool: MakePool,
+    engine: docker.DockerClient,
+    rebuilt_tag: tuple[str, Callable[[], str]],
+) -> None:
+    """The tag is rebuilt after the pool filled: a take gets none of the old image's
+    containers (they are removed), and the keeper's next pass fills with the new one."""
+    tag, rebuild = rebuilt_tag
+    pool = make_pool(2, image=tag)
+    pool.keep()
+    old = {json.loads(e.read_text())["container_id"] for e in pool.idle()}
+    assert len(old) == 2
+    new_id = rebuild()
+    assert pool.take() is None
+    pool.keep()
+    made = [json.loads(e.read_text())["container_id"] for e in pool.idle()]
+    assert len(made) == 2 and not old & set(made)
+    assert {engine.api.inspect_container(c)["Image"] for c in made} == {new_id}
+    assert {c.id for c in warm_containers(engine, pool.key)} == set(made)
 
 
 def opening(engine: docker.DockerClient, container_id: str) -> bool:

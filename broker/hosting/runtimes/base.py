@@ -62,6 +62,10 @@ class Runtime(Protocol):
     def image_entrypoint(self, tag: str) -> tuple[str, ...]:
         """The image's ENTRYPOINT, empty when it has none (a warm launcher replaces it)."""
 
+    def image_id(self, tag: str) -> str | None:
+        """The id of the image ``tag`` names now; None when there is none (a pooled
+        sandbox of another id was made from an image since rebuilt)."""
+
     def get(self, container_id: str) -> Handle | None:
         """A sandbox container by its id (another process may have made it); None: gone."""
 

@@ -165,6 +165,15 @@ class DockerRuntime:
     def image_entrypoint(self, tag: str) -> tuple[str, ...]:
         return tuple(self._image_config(tag).get("Entrypoint") or ())
 
+    def image_id(self, tag: str) -> str | None:
+        try:
+            found = self.client.call("GET", f"/images/{quote(tag)}/json")
+        except EngineError as exc:
+            if exc.status == 404:
+                return None
+            raise SandboxError(f"cannot inspect image {tag}: {exc}") from exc
+        return str(found["Id"]) if found.get("Id") else None
+
     def _image_config(self, tag: str) -> Mapping[str, Any]:
         try:
             found = self.client.call("GET", f"/images/{quote(tag)}/json")

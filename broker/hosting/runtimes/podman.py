@@ -192,6 +192,13 @@ class PodmanRuntime:
         found = json.loads(self.podman("image", "inspect", tag))
         return tuple(found[0].get("Config", {}).get("Entrypoint") or ())
 
+    def image_id(self, tag: str) -> str | None:
+        try:
+            found = json.loads(self.podman("image", "inspect", tag))
+        except SandboxError:  # no such image
+            return None
+        return str(found[0]["Id"]) if found and found[0].get("Id") else None
+
     def get(self, container_id: str) -> PodmanContainer | None:
         try:
             attrs = self.podman.inspect(container_id)
