@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker.config import Config
 from broker.errors import SandboxError
-from broker.hosting import images, warm
+from broker.hosting import images
 from broker.hosting.runtimes import extra_env, limits_from, open_runtime, runtime_name
 from broker.hosting.runtimes.base import Handle, Runtime
 from broker.hosting.runtimes.spec import SandboxSpec, prepare_dirs, sandbox_spec
@@ -27,6 +27,7 @@ from broker.hosting.serving import OnBroker, Serving
 
 if TYPE_CHECKING:
     from broker.approval.notify import Notifier
+    from broker.hosting.warm import Warm
     from broker.models import Record
     from broker.policy.ruleset import Policy
     from broker.registry import Registry
@@ -76,7 +77,9 @@ def _run(config: Config, checked: Checked, options: RunOptions, runtime: Runtime
     elif taken is not None:  # made, proven and started ahead: only its command is handed over
         sandbox_id = taken.sandbox_id
         fresh = True
-        start = partial(warm.launch, taken, options.command, runtime)
+        from broker.hosting.warm import launch
+
+        start = partial(launch, taken, options.command, runtime)
     else:
         if image == images.DEFAULT_IMAGE:
             runtime.ensure_image(image, log=options.say)
@@ -118,15 +121,17 @@ def _run(config: Config, checked: Checked, options: RunOptions, runtime: Runtime
     return code
 
 
-def _take_warm(
-    config: Config, options: RunOptions, runtime: Runtime, image: str
-) -> warm.Warm | None:
+def _take_warm(config: Config, options: RunOptions, runtime: Runtime, image: str) -> Warm | None:
     """A pooled sandbox ([sandbox] warm = N, kept by `broker serve`) made as this run
     would make its own; never for a detached, named or workspace run (their container
     or mounts are fixed at creation)."""
     if options.detach or options.name is not None or options.workspace is not None:
         return None  # (an adopted run is named)
-    return warm.take(config, runtime.name, runtime=runtime, image=image)
+    if not config.sandbox.get("warm", 0):
+        return None  # no pool: its module is not even imported
+    from broker.hosting.warm import take
+
+    return take(config, runtime.name, runtime=runtime, image=image)
 
 
 def _adopted(runtime: Runtime, container_id: str, sandbox_id: str) -> Handle:
