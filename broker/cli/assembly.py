@@ -99,6 +99,8 @@ class Checked:
 
 def notifier_for(cfg: Config) -> Notifier | None:
     """What [notify] asks for (webhooks, Slack); None when it asks for nothing."""
+    if cfg.notify == {}:  # nothing to tell anyone: not even the notifier's modules
+        return None
     from broker.approval.notify import notifier_from
 
     return notifier_from(cfg)

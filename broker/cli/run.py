@@ -154,7 +154,6 @@ def _run_here(args: argparse.Namespace, command: list[str], left: Left | None) -
     from broker.cli.passed import forget, passed_before, remember
     from broker.config import load_config
     from broker.hosting.runner import RunOptions, run
-    from broker.masking import mask_logs
 
     cfg = load_config(args.config, state_dir=args.state, policy=args.policy)
     install_logging(args.verbose, True, args.log_format or cfg.log_format)
@@ -167,7 +166,10 @@ def _run_here(args: argparse.Namespace, command: list[str], left: Left | None) -
         remember(cfg, warnings)
     for warning in warnings:
         say(f"warning: {warning}")
-    mask_logs(cfg.secret_values())  # no secret in any log line, from the web or a notifier
+    if secrets := cfg.secret_values():  # none in any log line, from the web or a notifier
+        from broker.masking import mask_logs  # (a broker built later masks them as well)
+
+        mask_logs(secrets)
     prompt = _Prompting(checked) if sys.stdin.isatty() and not args.detach else None
     options = RunOptions(
         command=command,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
-import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -227,6 +226,8 @@ def _pull(client: docker.DockerClient, tag: str) -> str | None:
 def _build_fallback_base(log: Log) -> None:
     script = IMAGES_DIR / "build-base.sh"
     log(f"running {script} (debootstrap; about a minute)")
+    import subprocess  # building is rare: a run that finds its image current never needs it
+
     done = subprocess.run(["bash", str(script), FALLBACK_BASE], check=False)
     if done.returncode != 0:
         raise SandboxError(

@@ -8,7 +8,6 @@ a queue overflow is reported so the caller rescans.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import logging
 import os
@@ -45,15 +44,16 @@ def available() -> bool:
 def _load() -> ctypes.CDLL | None:
     global _libc
     if _libc is None:
-        name = ctypes.util.find_library("c")
-        if name is None:
-            return None
-        try:
-            lib = ctypes.CDLL(name, use_errno=True)
-            lib.inotify_init1  # noqa: B018  (raises AttributeError where there is none)
-        except (OSError, AttributeError):
-            return None
-        _libc = lib
+        # The process's own symbols first (libc's, on Linux): find_library runs
+        # `ldconfig -p` in a subprocess, which every `broker run` would pay for.
+        for name in (None, "c"):
+            try:
+                lib = ctypes.CDLL(name if name is None else _find(name), use_errno=True)
+                lib.inotify_init1  # noqa: B018  (raises AttributeError where there is none)
+            except (OSError, AttributeError, TypeError):
+                continue
+            _libc = lib
+            break
     return _libc
 
 
@@ -159,3 +159,9 @@ class Inotify:
                 continue
             name = os.fsdecode(raw.rstrip(b"\0"))
             self._sink(folder, name, mask)
+
+
+def _find(name: str) -> str | None:
+    import ctypes.util
+
+    return ctypes.util.find_library(name)
