@@ -139,13 +139,8 @@ class DockerRuntime:
 
     def image_labels(self, tag: str) -> Mapping[str, str] | None:
         """The labels of image ``tag``; None when the engine has no such image."""
-        try:
-            found = self.client.call("GET", f"/images/{quote(tag)}/json")
-        except EngineError as exc:
-            if exc.status == 404:
-                return None
-            raise SandboxError(f"cannot inspect image {tag}: {exc}") from exc
-        return dict((found.get("Config") or {}).get("Labels") or {})
+        found = self._image(tag)
+        return None if found is None else dict((found.get("Config") or {}).get("Labels") or {})
 
     def ensure_image(self, tag: str, *, force: bool = False, log: Log = print) -> str:
         from broker.hosting import images
@@ -166,21 +161,25 @@ class DockerRuntime:
         return tuple(self._image_config(tag).get("Entrypoint") or ())
 
     def image_id(self, tag: str) -> str | None:
+        found = self._image(tag)
+        return str(found["Id"]) if found and found.get("Id") else None
+
+    def _image_config(self, tag: str) -> Mapping[str, Any]:
+        found = self._image(tag)
+        if found is None:
+            raise SandboxError(f"cannot inspect image {tag}: no such image")
+        config: Mapping[str, Any] = found.get("Config") or {}
+        return config
+
+    def _image(self, tag: str) -> Mapping[str, Any] | None:
+        """The engine's inspect of image ``tag``; None when it has no such image."""
         try:
-            found = self.client.call("GET", f"/images/{quote(tag)}/json")
+            found: Mapping[str, Any] = self.client.call("GET", f"/images/{quote(tag)}/json")
         except EngineError as exc:
             if exc.status == 404:
                 return None
             raise SandboxError(f"cannot inspect image {tag}: {exc}") from exc
-        return str(found["Id"]) if found.get("Id") else None
-
-    def _image_config(self, tag: str) -> Mapping[str, Any]:
-        try:
-            found = self.client.call("GET", f"/images/{quote(tag)}/json")
-        except EngineError as exc:
-            raise SandboxError(f"cannot inspect image {tag}: {exc}") from exc
-        config: Mapping[str, Any] = found.get("Config") or {}
-        return config
+        return found
 
     def get(self, container_id: str) -> EngineContainer | None:
         container = EngineContainer(self.client, {"Id": container_id})
