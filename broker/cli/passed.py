@@ -11,11 +11,10 @@ removed; nothing is served unchecked.
 The inputs, hashed into one key: the digest of broker.toml's and the policy's paths and
 bytes with the broker's version and the state dir (broker.inputs); the values of the
 environment variables and the status of the files that broker.toml's `*_env` and
-`*_file` settings name; and the modification times of the directories on sys.path (an
-installed, removed or upgraded distribution, whose entry points may add a plugin,
-changes its directory; sys.path[0], the script's or the working directory, aside).
-Anything else a check reads is read again when the broker is
-built.
+`*_file` settings name; and the modification times of the site-packages directories
+on sys.path (an installed, removed or upgraded distribution, whose entry points may
+add a plugin, changes its directory). Anything else a check reads is read again when
+the broker is built.
 """
 
 from __future__ import annotations
@@ -56,7 +55,9 @@ def key(cfg: Config) -> str:
                 found.update(f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}".encode())
             except OSError as exc:
                 found.update(f"unreadable {exc.errno}".encode())
-    for entry in sys.path[1:]:  # [0]: the script's own directory, or the working one
+    for entry in sys.path:  # where distributions are installed (not the script's dir)
+        if not entry.endswith(("site-packages", "dist-packages")):
+            continue
         with contextlib.suppress(OSError):
             found.update(f"\0{entry}:{os.stat(entry or '.').st_mtime_ns}".encode())
     return found.hexdigest()

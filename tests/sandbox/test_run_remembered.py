@@ -125,6 +125,7 @@ def test_a_check_put_off_that_fails_stops_the_run_and_removes_its_sandbox(
     modules = tmp_path / "modules.txt"
     done = run(config, modules, "python3", "-c", AGENT)
     assert done.returncode == 2, done.stderr
+    assert "running python3" in done.stderr  # started before the check, as remembered
     assert done.stderr.strip().splitlines()[-1].startswith("error: ")
     assert "nosuch" in done.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "exports" / "out.txt").exists()
