@@ -96,5 +96,12 @@ def raw(
     return Server(argv, log=log)
 
 
+def native(outbox: Path, results: Path, state: Path, log: Path) -> Server:
+    """The C prototype of the accept path (bench/native), built first if needed."""
+    from bench.native import binary
+
+    return Server([str(binary()), str(outbox), str(results), str(state)], log=log)
+
+
 def peer(kind: str, outbox: Path, results: Path, log: Path) -> Server:
     return Server([sys.executable, "-m", "bench.peers", kind, str(outbox), str(results)], log=log)
