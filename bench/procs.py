@@ -63,6 +63,8 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
         self._log_file.close()
 
     def __enter__(self) -> Server:

@@ -162,10 +162,13 @@ static void *grow(void *p, size_t *cap, size_t need, size_t item) {
 static void now_iso(char out[40]) {
     struct timespec ts;
     struct tm tm;
+    char text[96];
     clock_gettime(CLOCK_REALTIME, &ts);
     gmtime_r(&ts.tv_sec, &tm);
-    snprintf(out, 40, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900, tm.tm_mon + 1,
-             tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
+    snprintf(text, sizeof text, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+             tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+             (int)(ts.tv_nsec / 1000000) % 1000);
+    snprintf(out, 40, "%.39s", text);
 }
 
 static double monotonic(void) {
@@ -255,7 +258,9 @@ static int being_written(const char *name) {
 
 static int claim(request *r) {
     if (being_written(r->name)) return 0;
-    snprintf(r->claimed, sizeof r->claimed, "%s~%d-%ld", r->name, (int)getpid(), ++g.counter);
+    size_t n = strlen(r->name); /* name~pid-counter, the broker's claimed name */
+    memcpy(r->claimed, r->name, n);
+    snprintf(r->claimed + n, sizeof r->claimed - n, "~%d-%ld", (int)getpid(), ++g.counter);
     return renameat(g.outbox_fd, r->name, g.claim_fd, r->claimed) == 0;
 }
 
@@ -411,8 +416,26 @@ static void accept_one(request *r) {
         sha256_hex(r->raw, r->raw_len, r->sha);
         return;
     }
-    if (json_canonical(&r->payload, r->doc) < 0) die("no canonical form");
-    sha256_hex(r->payload.data, r->payload.len, r->sha);
+    /* Request.envelope's canonical form: the id (the file's stem when absent), the
+     * version as an integer, the optional keys only when given; keys in sorted order */
+    buf *b = &r->payload;
+    const jval *reason = json_get(r->doc, "reason"), *idem = json_get(r->doc, "idempotency_key");
+    buf_puts(b, "{\"effect\":");
+    buf_str(b, r->effect, strlen(r->effect));
+    buf_puts(b, ",\"id\":");
+    buf_str(b, r->id, strlen(r->id));
+    if (idem) {
+        buf_puts(b, ",\"idempotency_key\":");
+        buf_str(b, idem->s, idem->len);
+    }
+    buf_puts(b, ",\"params\":");
+    if (json_canonical(b, json_get(r->doc, "params")) < 0) die("no canonical form");
+    if (reason) {
+        buf_puts(b, ",\"reason\":");
+        buf_str(b, reason->s, reason->len);
+    }
+    buf_puts(b, r->version == 1 ? ",\"version\":1}" : ",\"version\":2}");
+    sha256_hex(b->data, b->len, r->sha);
 }
 
 /* -- the audit events queued with the row (broker/audit/log.py event) --------------- */
