@@ -21,7 +21,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench import cases, instructions, report
+from bench import cases, instructions, procs, report
 from bench.__main__ import RESULTS, _close, _git, _remove_later
 from bench.native import binary
 from bench.rounds import Run
@@ -34,28 +34,73 @@ CELLS: dict[str, Callable[[cases.Cells], cases.Live]] = {
 }
 
 
-def measure(run: Run, cells: cases.Cells, args: argparse.Namespace) -> None:
+def _times(live: cases.Live) -> tuple[float, float]:
+    """User and system CPU seconds of the cell's server so far."""
+    fields = Path(f"/proc/{live.servers[0].pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) / procs.CLK_TCK, int(fields[12]) / procs.CLK_TCK
+
+
+def _exercise(live: cases.Live, seq_n: int, burst_n: int) -> dict[str, Any]:
+    """`live.exercise`, with the server's CPU split into user and system time per request."""
+    user, system = _times(live)
+    found = live.exercise(seq_n, burst_n)
+    user_after, system_after = _times(live)
+    done = max(1, found["burst"]["done"]) if burst_n else found["n"]
+    kind = "burst" if burst_n else "seq"
+    found[f"{kind}_user_us"] = (user_after - user) / done * 1e6
+    found[f"{kind}_sys_us"] = (system_after - system) / done * 1e6
+    return found
+
+
+def show_split(run: Run) -> str:
+    """CPU per request split into user and system time, every round (noisy or not)."""
+    lines = ["server CPU per request, user + system µs (median of every round; noise not judged)"]
+    for label in CELLS:
+        cells = []
+        for kind in ("seq", "burst"):
+            user = run.figure(label, f"{kind}_user_us", quiet_only=False)
+            system = run.figure(label, f"{kind}_sys_us", quiet_only=False)
+            if user.runs:
+                cells.append(f"{kind} {user.median:.0f} + {system.median:.0f}")
+        lines.append(f"  {label:<18} " + "   ".join(cells))
+    return "\n".join(lines)
+
+
+def measure(run: Run, cells: cases.Cells, args: argparse.Namespace) -> dict[str, float]:
     """Sequential rounds, then burst rounds, every cell once per round, the order
-    reversed in odd rounds."""
+    reversed in odd rounds; returns where the prototype's time went (its stage clock,
+    summed over every round and divided by the requests)."""
     lives: list[tuple[str, cases.Live]] = []
+    log = None
     run.own_pids = lambda: [s.pid for _, live in lives for s in live.servers]
     try:
         lives.extend((label, start(cells)) for label, start in CELLS.items())
+        log = dict(lives)["native"].servers[0].log
         for r in range(args.rounds):
             with run.round("sequential"):
                 for label, live in lives[:: -1 if r % 2 else 1]:
                     probe = run.probe(window=False)
-                    run.add(label, {**live.exercise(args.seq, 0), "probe": probe})
+                    run.add(label, {**_exercise(live, args.seq, 0), "probe": probe})
             _say(f"sequential {r + 1}/{args.rounds}")
         for r in range(args.bursts):
             with run.round("burst"):
                 for label, live in lives[:: -1 if r % 2 else 1]:
                     probe = run.probe(window=False)
-                    run.add(label, {**live.exercise(0, args.burst), "probe": probe})
+                    run.add(label, {**_exercise(live, 0, args.burst), "probe": probe})
             _say(f"burst {r + 1}/{args.bursts}")
     finally:
         _close(lives)
         run.own_pids = list
+    return stages(log.read_text()) if log else {}
+
+
+def stages(log: str) -> dict[str, float]:
+    """The `stages {...}` line the prototype prints at exit (µs per request by stage)."""
+    for line in log.splitlines():
+        if line.startswith("stages "):
+            found: dict[str, float] = json.loads(line.removeprefix("stages "))
+            return found
+    return {}
 
 
 def counts(n: int, burst_n: int) -> dict[str, dict[str, dict[str, float]]]:
@@ -104,12 +149,17 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(tempfile.mkdtemp(prefix="broker-bench-native-"))
     run = Run(base / "probes")
     try:
-        measure(run, cases.Cells(base), args)
+        split = measure(run, cases.Cells(base), args)
     finally:
         _remove_later(base)
     text, rows = report.table(run)
     met = report.targets(run)
     print(text)
+    print(show_split(run))
+    print(
+        "the prototype's wall time per request by stage (µs, all rounds): "
+        + ", ".join(f"{k.removesuffix('_us')} {v:.0f}" for k, v in split.items() if k != "requests")
+    )
     print("targets:")
     for t in met:
         print(report.show_target(t))
@@ -127,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "targets": met,
         "instructions": found,
+        "native_stages_us": split,
         "samples": run.samples,
     }
     out = args.out or RESULTS / f"{stamp:%Y-%m-%dT%H%M%S}-native.json"

@@ -754,9 +754,31 @@ static void audit_flush(void) {
 
 static request batch[MAX_BATCH];
 
+/* where a request's wall time goes, summed over the run and printed at exit (stderr):
+ * a split within one process and one moment, which load moves less than the total */
+enum { T_CLAIM, T_READ, T_SQL, T_COMMIT, T_RESULT, T_AUDIT, T_COUNT };
+static const char *STAGE[] = {"claim", "read_parse_check", "statements", "commit",
+                              "result", "audit"};
+static double spent[T_COUNT], mark;
+static long long accepted;
+
+static void lap(int stage) {
+    double now = monotonic();
+    spent[stage] += now - mark;
+    mark = now;
+}
+
+static void print_stages(void) {
+    fprintf(stderr, "stages {\"requests\": %lld", accepted);
+    for (int i = 0; i < T_COUNT; i++)
+        fprintf(stderr, ", \"%s_us\": %.2f", STAGE[i], accepted ? spent[i] / (double)accepted * 1e6 : 0.0);
+    fprintf(stderr, "}\n");
+}
+
 static void step(size_t taken) {
     size_t n = 0;
     arena_reset(&g.arena);
+    mark = monotonic();
     for (size_t i = 0; i < taken; i++) {
         request *r = &batch[n];
         snprintf(r->name, sizeof r->name, "%s", g.backlog[g.backlog_from + i]);
@@ -768,6 +790,7 @@ static void step(size_t taken) {
     }
     g.backlog_from += taken;
     if (!n && !g.n_unsynced && !g.durable_seq) return;
+    lap(T_CLAIM);
     run(S_BEGIN);
     for (size_t i = 0; i < g.n_unsynced; i++) {
         sqlite3_stmt *s = g.st[S_SYNCED];
@@ -790,10 +813,15 @@ static void step(size_t taken) {
         g.durable_seq = 0;
     }
     for (size_t i = 0; i < n; i++) {
+        lap(T_SQL);
         accept_one(&batch[i]);
+        lap(T_READ);
         record(&batch[i]);
     }
+    lap(T_SQL);
     run(S_COMMIT);
+    lap(T_COMMIT);
+    accepted += (long long)n;
     for (size_t i = 0; i < n; i++) {
         request *r = &batch[i];
         if (r->state != 2) write_result(r);
@@ -804,7 +832,9 @@ static void step(size_t taken) {
         g.consumed = grow(g.consumed, &g.cap_consumed, g.n_consumed + 1, sizeof *g.consumed);
         snprintf(g.consumed[g.n_consumed++], 200, "%s", r->claimed);
     }
+    lap(T_RESULT);
     audit_flush();
+    lap(T_AUDIT);
 }
 
 /* claimed files whose request is recorded, removed when idle within a budget */
@@ -896,6 +926,7 @@ int main(int argc, char **argv) {
     audit_sync();
     purge(1e9);
     step(0);
+    print_stages();
     for (int i = 0; i < S_COUNT; i++) sqlite3_finalize(g.st[i]);
     sqlite3_close(g.db);
     return 0;
