@@ -34,6 +34,7 @@
 #include <openssl/evp.h>
 
 #include "json.h"
+#include "schema.h"
 
 #define MAX_BATCH 64 /* files per wake-up: broker/loop/fairness.py */
 #define MAX_REQUEST_BYTES (1 << 20)
@@ -44,32 +45,6 @@
     "{\"action\":\"auto\",\"rule\":\"default\",\"reason\":\"no rule matched; reversible " \
     "effects apply at once\",\"approvals\":1,\"timeout_s\":3600.0,\"on_timeout\":\"deny\"}"
 
-/* the broker's own schema (broker/store/sqlite_schema.py), so the same indexes are kept */
-static const char SCHEMA[] =
-    "CREATE TABLE IF NOT EXISTS requests (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
-    " sandbox TEXT NOT NULL, id TEXT NOT NULL, name TEXT NOT NULL, effect TEXT, payload TEXT,"
-    " sha256 TEXT, idempotency_key TEXT, state TEXT NOT NULL, reason TEXT, errors TEXT,"
-    " output TEXT, verdict TEXT, preview TEXT, reversible INTEGER, decided_by TEXT,"
-    " replay_of TEXT, received_at TEXT NOT NULL, decided_at TEXT, completed_at TEXT,"
-    " expires_at TEXT, on_timeout TEXT, seen TEXT, facts TEXT,"
-    " synced INTEGER NOT NULL DEFAULT 0, UNIQUE (sandbox, id));"
-    "CREATE INDEX IF NOT EXISTS requests_idem ON requests (sandbox, idempotency_key)"
-    " WHERE idempotency_key IS NOT NULL;"
-    "CREATE INDEX IF NOT EXISTS requests_state ON requests (state);"
-    "CREATE INDEX IF NOT EXISTS requests_unsynced ON requests (synced) WHERE synced = 0;"
-    "CREATE INDEX IF NOT EXISTS requests_id ON requests (id);"
-    "CREATE INDEX IF NOT EXISTS requests_replays ON requests (sandbox, replay_of)"
-    " WHERE replay_of IS NOT NULL;"
-    "CREATE TABLE IF NOT EXISTS decisions (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
-    " sandbox TEXT NOT NULL, id TEXT NOT NULL, approver TEXT NOT NULL, verdict TEXT NOT NULL,"
-    " reason TEXT, surface TEXT NOT NULL, sha256 TEXT NOT NULL, at TEXT NOT NULL);"
-    "CREATE INDEX IF NOT EXISTS decisions_request ON decisions (sandbox, id);"
-    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
-    "CREATE TABLE IF NOT EXISTS controls (kind TEXT NOT NULL, key TEXT NOT NULL,"
-    " value TEXT NOT NULL, PRIMARY KEY (kind, key));"
-    "CREATE TABLE IF NOT EXISTS audit_queue (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
-    " event TEXT NOT NULL);";
-
 /* the statements as the broker's trace shows them (bound, not interpolated) */
 static const char *SQL[] = {
     "BEGIN IMMEDIATE",
@@ -78,10 +53,7 @@ static const char *SQL[] = {
     "SAVEPOINT one",
     "RELEASE one",
     "SELECT * FROM requests WHERE sandbox = ? AND id = ?",
-    "INSERT INTO requests (sandbox, id, name, state, received_at, effect, payload, sha256,"
-    " idempotency_key, reason, errors, output, verdict, preview, reversible, decided_by,"
-    " replay_of, decided_at, completed_at, expires_at, on_timeout, seen, facts) VALUES"
-    " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    INSERT_REQUEST,
     "INSERT INTO audit_queue (event) VALUES (?)",
     "UPDATE requests SET synced = 1 WHERE sandbox = ? AND id = ? AND state = ?",
     "SELECT seq, event FROM audit_queue WHERE seq > ? ORDER BY seq",
