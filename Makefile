@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest soak docker podman tools postgres image bench clean demo-fleet
+.PHONY: demo test lint typecheck pytest soak docker podman tools postgres image bench bench-native clean demo-fleet
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -75,6 +75,12 @@ test: lint docker podman tools postgres
 # BENCH_ARGS=--quick for a < 2-minute run; rounds judged quiet or noisy: docs/performance.md.
 bench: $(STAMP) docker postgres
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+# The C prototype of the accept path (bench/native/README.md) beside the durable floor
+# and the broker, in judged rounds, then its instructions per request; not in `make bench`.
+bench-native: $(STAMP)
+	@bash scripts/native-deps.sh
+	$(BIN)/python -m bench.native $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,4 +1,4 @@
-"""python -m bench [--quick] [--profile] [--skip SECTION ...] [--dir DIR] [--keep]
+"""python -m bench [--quick] [--profile] [--native] [--skip SECTION ...] [--dir DIR] [--keep]
 
 Measures in rounds (every cell once per round, the order reversed every other round),
 each probed before and after (bench.quiet: file-system creates and fsyncs, the CPU
@@ -53,6 +53,8 @@ def measure(args: argparse.Namespace, cells: cases.Cells, run: Run) -> None:
     if args.quick:
         cases.BUDGET.update(seq_s=2.0, burst_s=6.0)
     want = set(SECTIONS) - set(args.skip)
+    if args.native and want & {"baseline", "broker"}:
+        want.add("native")  # the C prototype's row beside the floor and the broker
     pg = _postgres(run) if "fleet" in want else None
     if pg is None:
         want.discard("fleet")
@@ -106,6 +108,8 @@ def _servers(
     if "broker" in want:
         for effect in ("bench.noop", "files.write"):
             todo.append((f"broker {effect}", partial(cases.start_broker, cells, effect, 1)))
+    if "native" in want:
+        todo.append(("native", partial(cases.start_native, cells)))
     if "fleet" in want and pg is not None:
         for brokers in plan.fleet_sizes:
             fleet = partial(cases.start_fleet, cells, brokers, pg.new_database)
@@ -249,6 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a < 2-minute run with fewer samples")
     parser.add_argument("--profile", action="store_true", help="profile the broker instead")
+    parser.add_argument(
+        "--native",
+        action="store_true",
+        help="add the C prototype of the accept path (bench/native) beside the floor",
+    )
     parser.add_argument("--skip", nargs="*", default=[], choices=SECTIONS, metavar="SECTION")
     parser.add_argument("--dir", type=Path, help="where the run's files go (default: /tmp)")
     parser.add_argument("--keep", action="store_true", help="leave the run's files behind")

@@ -187,6 +187,16 @@ def raw(
         return live.exercise(seq_n, burst_n)
 
 
+def start_native(cells: Cells) -> Live:
+    """The native accept-path prototype (bench/native): one outbox, its own state dir."""
+    cell = cells.new("native")
+    outbox, results, state = cell / "outbox", cell / "results", cell / "state"
+    for folder in (outbox, results, state):
+        folder.mkdir()
+    server = procs.native(outbox, results, state, cell / "server.log")
+    return Live([(str(outbox), str(results))], "bench.noop", cell, [server])
+
+
 def _layout(cell: Path, boxes: int) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """The broker's dirs: attach mode for one outbox, root mode for several."""
     cell.mkdir(parents=True, exist_ok=True)

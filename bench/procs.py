@@ -63,6 +63,8 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
         self._log_file.close()
 
     def __enter__(self) -> Server:
@@ -94,6 +96,13 @@ def raw(
     if write is not None:
         argv += ["--write", str(write)]
     return Server(argv, log=log)
+
+
+def native(outbox: Path, results: Path, state: Path, log: Path) -> Server:
+    """The C prototype of the accept path (bench/native), built first if needed."""
+    from bench.native import binary
+
+    return Server([str(binary()), str(outbox), str(results), str(state)], log=log)
 
 
 def peer(kind: str, outbox: Path, results: Path, log: Path) -> Server:
