@@ -59,11 +59,13 @@ postgres:
 	@bash scripts/postgres-up.sh || [ -z "$$CI" ]
 
 # Real stand-ins the tests drive: Debian's Chromium (the inbox) and Prism serving
-# GitHub's OpenAPI description. Installed once; in CI a failure is fatal, elsewhere
+# GitHub's OpenAPI description; gcc and the headers the native prototype of bench/native
+# builds with (tests/test_bench_native.py). Installed once; in CI a failure is fatal, elsewhere
 # the tests that need them skip and say why.
 tools:
 	@bash scripts/prism-up.sh || [ -z "$$CI" ]
 	@bash scripts/chromium-up.sh || [ -z "$$CI" ]
+	@bash scripts/native-deps.sh || [ -z "$$CI" ]
 
 # Lint first (a second) and the installs one at a time (apt takes one lock), then mypy
 # beside pytest: most tests wait, so mypy's ~15 s of CPU fits in their idle time instead
