@@ -19,6 +19,7 @@ import pytest
 
 from broker.config import load_config
 from broker.hosting import sandbox, warm
+from broker.inputs import locate
 from broker.loop.lockfile import socket_path, unix_address
 from tests.support import eventually
 
@@ -210,15 +211,19 @@ def ask(config: Path, message: dict[str, Any]) -> dict[str, Any]:
         ({"command": ["true"], "image": 7}, "image"),
         ({"command": ["true"]}, "checked"),
         ({"command": ["true"], "checked": "0" * 64}, "changed"),
+        ({"command": ["true"], "runtime": 1, "checked": "CHECKED"}, "runtime"),
+        ({"command": ["true"], "runtime": "podman", "checked": "CHECKED"}, "runs docker"),
     ],
 )
 def test_the_owner_refuses_a_run_it_cannot_vouch_for(
     served: Path, engine: docker.DockerClient, message: dict[str, Any], says: str
 ) -> None:
-    """A malformed run op, or one naming other inputs than the owner checked: refused
-    with a reason, and nothing is started."""
+    """A malformed run op, one naming other inputs than the owner checked, or one
+    asking for a runtime it does not run: refused with a reason, nothing started."""
     state = served.parent / "state"
     before = started_for(engine, state)
+    if message.get("checked") == "CHECKED":  # the owner's own digest: only the runtime is off
+        message = {**message, "checked": locate(served).digest()}
     answer = ask(served, {"op": "run", **message})
     assert answer["ok"] is False and says in answer["error"], answer
     assert started_for(engine, state) <= before
