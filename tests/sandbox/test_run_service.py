@@ -6,6 +6,7 @@ dies while the sandbox runs."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import pexpect
 import pytest
 
 from broker.config import load_config
@@ -272,3 +274,51 @@ def test_an_owner_that_dies_leaves_the_sandbox_to_the_run(
         for left in sandbox.leftovers(engine):
             if left.labels.get(warm.WARM_LABEL) == warm.settings(load_config(config), "docker").key:
                 left.remove(force=True)
+
+
+GATED = """
+import outbox
+outbox.request("files.write", {"path": "g.txt", "content": "one"}, timeout=60)
+r = outbox.request("files.write", {"path": "g.txt", "content": "two", "overwrite": True},
+                   reason="update it", timeout=90)
+print("AGENT", r["status"], r["reason"])
+"""
+
+
+def test_at_a_terminal_the_run_asks_about_what_the_owners_sandbox_waits_on(
+    tmp_path: Path, engine: docker.DockerClient, agent_image: str
+) -> None:
+    """The owner runs the sandbox; a gated request's card is shown at the run's
+    terminal, and the answer given there decides it."""
+    config = write_config(tmp_path)
+    (tmp_path / "policy.toml").write_text(
+        '[[rules]]\neffect = "files.write"\nwhen = { overwrite = true }\naction = "approve"\n'
+        'timeout = "2m"\nreason = "an overwrite destroys the old file"\n'
+    )
+    policy = '[broker]\npolicy = "policy.toml"\n'
+    config.write_text(config.read_text().replace("[broker]\n", policy))
+    serve = start_serve(config)
+    try:
+        child = pexpect.spawn(
+            BROKER,
+            ["run", "--config", str(config), "--", "python3", "-c", GATED],
+            encoding="utf-8",
+            timeout=90,
+            dimensions=(50, 160),
+            env={**os.environ, "COLUMNS": "160"},
+        )
+        child.expect("handed sandbox (sb-[0-9a-f]+) to")
+        sandbox_id = child.match.group(1)
+        child.expect("an overwrite destroys the old file")  # the card: why it stopped
+        child.expect("approve\\? \\[a\\]pprove")
+        child.sendline("a")
+        child.expect("reason")
+        child.sendline("looked at the diff")
+        child.expect("AGENT applied approved by .*: looked at the diff")
+        child.expect(pexpect.EOF)
+        child.close()
+        assert child.exitstatus == 0
+        assert (tmp_path / "exports" / "g.txt").read_text() == "two"
+        assert containers(engine, sandbox_id) == []
+    finally:
+        stop_serve(serve, config)
