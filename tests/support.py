@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 from jsonschema import Draft202012Validator
 
 from broker.audit import verify as audit
@@ -23,6 +24,10 @@ from broker.validation import load_schema
 
 BROKER = Path(sys.executable).with_name("broker")
 RESULT = Draft202012Validator(load_schema("result"))
+# The tests' own HTTP clients share one TLS context (httpx's default: certifi's roots):
+# each httpx.Client or httpx.post would load the CA bundle again, ~45 ms of CPU, though
+# they speak plain HTTP to 127.0.0.1.
+TLS = httpx.create_ssl_context()
 SETTLE_S = 0.15  # the watchfiles fallback watches a moment after `ready`
 
 Start = Callable[..., BrokerHarness]

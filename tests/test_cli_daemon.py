@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support import Serving, assert_one_line_error, run_broker
+from tests.support import TLS, Serving, assert_one_line_error, run_broker
 
 # name → (extra options, broker.toml, policy file or None, words the line must hold)
 FAULTS: dict[str, tuple[list[str], str, str | None, list[str]]] = {
@@ -78,14 +78,14 @@ def test_a_signal_stops_serve_and_its_web_inbox(home: Path, tmp_path: Path, sign
         url = serving.line_with("broker: web inbox on ").rsplit(" ", 1)[1]
         assert banner == f"broker: serving sandboxes: none yet; state in {state}; Ctrl-C stops"
         assert url.startswith("http://127.0.0.1:")
-        assert httpx.get(url, timeout=10).status_code < 500
+        assert httpx.get(url, timeout=10, verify=TLS).status_code < 500
         code = serving.stop(signum)
     finally:
         serving.close()
     assert code == 0, serving.seen
     assert "Traceback" not in "".join(serving.seen)
     with pytest.raises(httpx.ConnectError):
-        httpx.get(url, timeout=5)
+        httpx.get(url, timeout=5, verify=TLS)
 
 
 def test_importing_the_cli_loads_no_heavy_library() -> None:

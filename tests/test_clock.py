@@ -57,8 +57,12 @@ def test_sleep_and_wait_end_when_the_clock_is_moved_far_enough() -> None:
     assert slept.is_set() and clock.sleepers == 0
     assert woken == ["loop", "loop"]
     event = threading.Event()
-    timer = threading.Timer(0.01, clock.advance, args=(5,))
-    timer.start()
-    assert clock.wait(event, 5) is False
+    waited: list[bool] = []
+    waiter = threading.Thread(target=lambda: waited.append(clock.wait(event, 5)))
+    waiter.start()
+    while waiter.is_alive():  # until the waiter has read the clock, a move is before it
+        clock.advance(5)
+        waiter.join(0.01)
+    assert waited == [False]
     event.set()
     assert clock.wait(event, 3600) is True

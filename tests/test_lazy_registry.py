@@ -132,3 +132,15 @@ def test_the_facts_are_kept_in_the_user_s_cache_dir(
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert catalogue.facts_cache() == tmp_path / "home" / ".cache" / "broker" / "effect-facts.json"
+
+
+def test_serve_without_github_loads_no_http_client() -> None:
+    """What `broker serve` imports to start, its pull request cards included, loads no
+    HTTP client: httpx comes with the GitHub thread's client, when [integrations.github]
+    asks for one (the GitHub approval tests make those calls)."""
+    code = (
+        "import sys; import broker.cli.serve, broker.integrations.github_cards\n"
+        "print('httpx' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["False"]

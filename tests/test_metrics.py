@@ -19,14 +19,14 @@ from broker.registry import Registry
 from broker.testing import BrokerHarness, FakeHandler
 from broker.typing import JSON, Params
 from effects.base import Context
-from tests.support import ServeSite, Serving, eventually, run_broker
+from tests.support import TLS, ServeSite, Serving, eventually, run_broker
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def scrape(url: str) -> Samples:
     """Every sample of a Prometheus text page, by (name, labels)."""
-    response = httpx.get(url, timeout=10)
+    response = httpx.get(url, timeout=10, verify=TLS)
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
     return {
@@ -115,7 +115,7 @@ def test_no_metrics_unless_configured(tmp_path: Path, home: Path) -> None:
     s = site.serve("--listen", "127.0.0.1:0")
     try:
         inbox = s.line_with("web inbox on").split()[-1]
-        assert httpx.get(f"{inbox}/metrics", timeout=10).status_code == 404
+        assert httpx.get(f"{inbox}/metrics", timeout=10, verify=TLS).status_code == 404
         s.stop(signal.SIGINT)
         assert not any("metrics on" in seen for seen in s.seen)
     finally:

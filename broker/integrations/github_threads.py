@@ -25,10 +25,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
-
-import httpx
 
 from broker.config import Config
 from broker.errors import ConfigError, EffectFailed
@@ -36,6 +34,9 @@ from broker.grants import Provider, provider_for
 from broker.integrations.github_store import Receipt, Thread, ThreadStore
 from broker.integrations.github_tokens import ThreadTokens
 from broker.settings import resolve_secret
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = [
     "CHECK_NAME",
@@ -137,8 +138,10 @@ class ThreadApi:
     the standing one."""
 
     def __init__(self, settings: ThreadSettings, tokens: ThreadTokens, timeout: float = 10.0):
+        import httpx  # here: every `broker serve` imports this module, few talk to GitHub
+
         self.tokens = tokens
-        self._http = httpx.Client(
+        self._http: httpx.Client = httpx.Client(
             base_url=settings.base_url,
             timeout=timeout,
             headers={
@@ -155,6 +158,8 @@ class ThreadApi:
     def call(self, method: str, path: str, body: Any = None) -> Any:
         repo = "/".join(path.split("?")[0].split("/")[2:4])
         auth = {"Authorization": f"Bearer {self.tokens.token(repo, method, path)}"}
+        import httpx
+
         try:
             answer = self._http.request(method, path, json=body, headers=auth)
         except httpx.HTTPError as exc:

@@ -14,6 +14,7 @@ import httpx
 from tests.crash.support import Receiver
 from tests.fleet.conftest import MakeHost
 from tests.fleet.support import TOKENS, request, rows
+from tests.support import TLS
 
 
 def json_lines(text: str) -> list[dict[str, Any]]:
@@ -47,11 +48,13 @@ def test_a_request_on_b_is_approved_from_a_and_applied_once_by_b(
     card = httpx.get(
         f"http://127.0.0.1:{a.port}/api/v1/requests/beta.default/by-api",
         headers={"Authorization": f"Bearer {TOKENS['alice']}"},
+        verify=TLS,
     ).json()
     answer = httpx.post(
         f"http://127.0.0.1:{a.port}/api/v1/requests/beta.default/by-api/decision",
         headers={"Authorization": f"Bearer {TOKENS['alice']}"},
         json={"verdict": "approve", "reason": "ok", "request_sha256": card["request_sha256"]},
+        verify=TLS,
     )
     assert answer.status_code == 200 and answer.json()["settled"], answer.text
     for rid in ("by-cli", "by-api"):

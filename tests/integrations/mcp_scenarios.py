@@ -14,16 +14,13 @@ import warnings
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
-
-import mcp_types
-from mcp import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
-from mcp.shared.exceptions import MCPDeprecationWarning
-from mcp_types.version import LATEST_HANDSHAKE_VERSION
+from typing import TYPE_CHECKING, Any
 
 from tests.integrations.conftest import Host
 from tests.support import eventually
+
+if TYPE_CHECKING:  # the SDK (~0.6 s) loads when a session starts, not at collection
+    from mcp import ClientSession
 
 POLICY = """
 [[rules]]
@@ -46,6 +43,9 @@ async def session(
     command: Sequence[str], env: dict[str, str] | None = None
 ) -> AsyncIterator[ClientSession]:
     """An initialized MCP client session with the server `command` starts."""
+    from mcp import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
     params = StdioServerParameters(command=command[0], args=list(command[1:]), env=env)
     async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
         await client.initialize()
@@ -53,11 +53,17 @@ async def session(
 
 
 def text_of(result: Any) -> str:
+    import mcp_types
+
     return "\n".join(c.text for c in result.content if isinstance(c, mcp_types.TextContent))
 
 
 async def initializes(command: Sequence[str], env: dict[str, str] | None = None) -> None:
     """initialize negotiates the SDK's newest handshake revision and names the server."""
+    from mcp import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+    from mcp_types.version import LATEST_HANDSHAKE_VERSION
+
     params = StdioServerParameters(command=command[0], args=list(command[1:]), env=env)
     async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
         init = await client.initialize()
@@ -277,6 +283,10 @@ def client_env(outbox: Path, results: Path) -> dict[str, str]:
 async def spec_features(command: Sequence[str], env: dict[str, str], host: Host) -> None:
     """Tool titles and annotations from the effect's flags, an outputSchema the SDK
     checks every successful result against, and log messages once the client asks."""
+    from mcp import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+    from mcp.shared.exceptions import MCPDeprecationWarning
+
     said: list[Any] = []
 
     async def on_log(params: Any) -> None:

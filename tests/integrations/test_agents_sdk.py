@@ -18,60 +18,69 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from agents import Agent, ModelResponse, Runner, Usage, set_tracing_disabled
-from agents.mcp import MCPServerStdio
-from agents.models.interface import Model
-from openai.types.responses import (
-    ResponseFunctionToolCall,
-    ResponseOutputMessage,
-    ResponseOutputText,
-)
-
 from tests.integrations import mcp_scenarios as scenario
 from tests.integrations.conftest import CLIENT, Host
 
 OPENAI_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for function names
 
 
-class Scripted(Model):
-    """Turn 1: call files-write (files.write); turn 2: repeat the tool's first line."""
+def scripted() -> Any:
+    """The scripted model; the SDK (~2 s of imports) loads here, not when the suite is
+    collected in every worker."""
+    from agents import ModelResponse, Usage
+    from agents.models.interface import Model
+    from openai.types.responses import (
+        ResponseFunctionToolCall,
+        ResponseOutputMessage,
+        ResponseOutputText,
+    )
 
-    def __init__(self) -> None:
-        self.seen_tools: list[str] = []
+    class Scripted(Model):
+        """Turn 1: call files-write (files.write); turn 2: repeat the tool's first line."""
 
-    async def get_response(self, system_instructions: Any, input: Any, *a: Any, **k: Any) -> Any:
-        tools = a[1] if len(a) > 1 else k["tools"]
-        self.seen_tools = [t.name for t in tools]
-        outputs = [
-            i for i in input if isinstance(i, dict) and i.get("type") == "function_call_output"
-        ]
-        if not outputs:
-            call = ResponseFunctionToolCall(
-                type="function_call",
-                call_id="c1",
-                name="files-write",
-                arguments=json.dumps({"path": "notes/sdk.txt", "content": "from the agent"}),
+        def __init__(self) -> None:
+            self.seen_tools: list[str] = []
+
+        async def get_response(
+            self, system_instructions: Any, input: Any, *a: Any, **k: Any
+        ) -> Any:
+            tools = a[1] if len(a) > 1 else k["tools"]
+            self.seen_tools = [t.name for t in tools]
+            outputs = [
+                i for i in input if isinstance(i, dict) and i.get("type") == "function_call_output"
+            ]
+            if not outputs:
+                call = ResponseFunctionToolCall(
+                    type="function_call",
+                    call_id="c1",
+                    name="files-write",
+                    arguments=json.dumps({"path": "notes/sdk.txt", "content": "from the agent"}),
+                )
+                return ModelResponse(output=[call], usage=Usage(), response_id=None)
+            said = str(outputs[-1]["output"])
+            text = ResponseOutputText(type="output_text", text=said, annotations=[])
+            message = ResponseOutputMessage(
+                id="m1", type="message", role="assistant", status="completed", content=[text]
             )
-            return ModelResponse(output=[call], usage=Usage(), response_id=None)
-        said = str(outputs[-1]["output"])
-        text = ResponseOutputText(type="output_text", text=said, annotations=[])
-        message = ResponseOutputMessage(
-            id="m1", type="message", role="assistant", status="completed", content=[text]
-        )
-        return ModelResponse(output=[message], usage=Usage(), response_id=None)
+            return ModelResponse(output=[message], usage=Usage(), response_id=None)
 
-    def stream_response(self, *a: Any, **k: Any) -> Any:
-        raise NotImplementedError("the recipe runs the agent without streaming")
+        def stream_response(self, *a: Any, **k: Any) -> Any:
+            raise NotImplementedError("the recipe runs the agent without streaming")
+
+    return Scripted()
 
 
 def test_an_agents_sdk_agent_uses_the_outbox_through_mcp(
     host: Host, serve: Callable[..., subprocess.Popen[str]]
 ) -> None:
+    from agents import Agent, Runner, set_tracing_disabled
+    from agents.mcp import MCPServerStdio
+
     host.policy(scenario.POLICY)
     outbox, results = host.base / "outbox", host.base / "results"
     outbox.mkdir()
     serve("--outbox", str(outbox), "--results", str(results), "--sandbox", "agent")
-    model = Scripted()
+    model = scripted()
     set_tracing_disabled(True)  # the SDK would export traces to OpenAI's servers
 
     async def run() -> str:

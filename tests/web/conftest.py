@@ -22,6 +22,7 @@ from broker.web.app import create_app
 from broker.web.auth import hash_token
 from broker.web.server import WebServer
 from effects.base import Context
+from tests.support import TLS
 
 LOOPBACK = ["127.0.0.0/8"]
 CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
@@ -109,7 +110,7 @@ class Web:
     def client(self, approver: str | None = "alice") -> httpx.Client:
         """An API client; with a bearer token unless approver is None."""
         headers = {"Authorization": f"Bearer {TOKENS[approver]}"} if approver else {}
-        client = httpx.Client(base_url=self.url, headers=headers, timeout=10)
+        client = httpx.Client(base_url=self.url, headers=headers, timeout=10, verify=TLS)
         self.clients.append(client)
         return client
 

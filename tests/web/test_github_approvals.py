@@ -19,7 +19,7 @@ from broker.web.server import WebServer
 from tests.effects.github.approvals import SECRET, SECRET_ENV, Stack, serving
 from tests.effects.github.fake_reviews import comment_payload, delivery, review_payload
 from tests.effects.github.support import REPO, TOKEN, TOKEN_ENV
-from tests.support import eventually
+from tests.support import TLS, eventually
 from tests.web.conftest import Switch
 
 POLICY = """
@@ -90,11 +90,14 @@ def test_an_approve_review_at_the_pushed_head_applies_once(stack: Stack) -> None
     made = stack.hub.review_as("alice-gh", thread.number, thread.head)
     body, headers = delivery(SECRET, "pull_request_review", review_payload(REPO, made))
     assert (
-        httpx.post(f"{stack.url}/github/webhook", content=body, headers=headers).status_code == 200
+        httpx.post(
+            f"{stack.url}/github/webhook", content=body, headers=headers, verify=TLS
+        ).status_code
+        == 200
     )
     result = stack.harness.wait(rid)
     assert result["status"] == "applied"
-    replay = httpx.post(f"{stack.url}/github/webhook", content=body, headers=headers)
+    replay = httpx.post(f"{stack.url}/github/webhook", content=body, headers=headers, verify=TLS)
     assert replay.status_code == 409 and replay.json()["error"]["code"] == "replayed"
     eventually(lambda: stack.hub.check_runs[int(str(thread.check_run))]["history"][-1] == "success")
     real = [p for p in stack.hub.pulls(REPO) if p["head"] == "agent/fix"]
@@ -189,10 +192,16 @@ def test_a_forged_or_replayed_delivery_is_refused(stack: Stack) -> None:
     assert stack.status(rid) == "pending"
     body, headers = delivery(SECRET, "issue_comment", comment_payload(REPO, made))
     assert (
-        httpx.post(f"{stack.url}/github/webhook", content=body, headers=headers).status_code == 200
+        httpx.post(
+            f"{stack.url}/github/webhook", content=body, headers=headers, verify=TLS
+        ).status_code
+        == 200
     )
     assert (
-        httpx.post(f"{stack.url}/github/webhook", content=body, headers=headers).status_code == 409
+        httpx.post(
+            f"{stack.url}/github/webhook", content=body, headers=headers, verify=TLS
+        ).status_code
+        == 409
     )
     assert stack.harness.wait(rid)["status"] == "applied"
 

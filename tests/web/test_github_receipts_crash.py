@@ -23,7 +23,7 @@ from broker.integrations.github_threads import GitHubThreads, ThreadSettings
 from tests.effects.github.fake import commit_on, seed_repo
 from tests.effects.github.fake_reviews import ReviewingGitHub, comment_payload, delivery
 from tests.effects.github.support import REPO, SEED, TOKEN, TOKEN_ENV
-from tests.support import Serving, eventually, run_broker
+from tests.support import TLS, Serving, eventually, run_broker
 
 SECRET = "whsec-crash-0123456789"
 _NONE = Thread("", "", "", "", 0, "", 0)
@@ -142,7 +142,12 @@ def test_a_crash_between_sending_a_receipt_and_marking_it(
         number, sha256 = site.ask()
         said = site.hub.comment_as("alice-gh", REPO, number, f"/broker approve {sha256[:16]}")
         body, headers = delivery(SECRET, "issue_comment", comment_payload(REPO, said))
-        assert httpx.post(f"{url}/github/webhook", content=body, headers=headers).status_code == 200
+        assert (
+            httpx.post(
+                f"{url}/github/webhook", content=body, headers=headers, verify=TLS
+            ).status_code
+            == 200
+        )
         assert first.proc.wait(60) == -signal.SIGKILL  # died at the point, as planned
     finally:
         first.close()

@@ -16,7 +16,7 @@ import pytest
 from tests.effects.github.fake import commit_on, seed_repo
 from tests.effects.github.fake_reviews import ReviewingGitHub, comment_payload, delivery
 from tests.effects.github.support import REPO, SEED, TOKEN, TOKEN_ENV
-from tests.support import Serving, eventually
+from tests.support import TLS, Serving, eventually
 
 SECRET = "whsec-serve-0123456789"
 SECRET_ENV = "TEST_GITHUB_WEBHOOK_SECRET"
@@ -85,7 +85,9 @@ github_user = "alice-gh"
             )
             body, headers = delivery(SECRET, "issue_comment", comment_payload(REPO, said))
             assert (
-                httpx.post(f"{url}/github/webhook", content=body, headers=headers).status_code
+                httpx.post(
+                    f"{url}/github/webhook", content=body, headers=headers, verify=TLS
+                ).status_code
                 == 200
             )
             result = eventually(lambda: _result(results / "pr1.json"))

@@ -12,6 +12,7 @@ from broker.config import Config
 from broker.errors import ConfigError
 from broker.registry import Registry
 from broker.web.server import start_web
+from tests.support import TLS
 
 
 def config(tmp_path: Path, **web: object) -> Config:
@@ -64,11 +65,11 @@ def test_start_web_serves_on_loopback_and_stops(tmp_path: Path) -> None:
     assert server is not None
     url = server.url
     try:
-        assert httpx.get(f"{url}/api/v1/health").json() == {"status": "ok"}
+        assert httpx.get(f"{url}/api/v1/health", verify=TLS).json() == {"status": "ok"}
     finally:
         server.stop()
     with pytest.raises(httpx.ConnectError):
-        httpx.get(f"{url}/api/v1/health")
+        httpx.get(f"{url}/api/v1/health", verify=TLS)
 
 
 def test_start_web_reads_listen_from_the_config(tmp_path: Path) -> None:

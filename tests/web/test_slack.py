@@ -32,7 +32,7 @@ from broker.testing import BrokerHarness, FakeClock, FakeHandler
 from broker.web.app import create_app
 from broker.web.auth import hash_token
 from broker.web.server import WebServer
-from tests.support import eventually
+from tests.support import TLS, eventually
 from tests.web.conftest import TOKENS, Switch
 
 BOT_TOKEN = "xoxb-test-bot-token"
@@ -231,7 +231,9 @@ class Stack:
         return result
 
     def post(self, body: bytes, headers: dict[str, str]) -> httpx.Response:
-        return httpx.post(f"{self.url}/slack/actions", content=body, headers=headers, timeout=10)
+        return httpx.post(
+            f"{self.url}/slack/actions", content=body, headers=headers, timeout=10, verify=TLS
+        )
 
     def click(
         self, result: dict[str, Any], user: str, action_id: str = "approve"
@@ -450,6 +452,7 @@ def test_a_click_on_a_request_decided_elsewhere_is_refused_and_the_message_follo
         f"{stack.url}/api/v1/requests/default/{waiting['id']}/decision",
         headers={"Authorization": f"Bearer {TOKENS['bob']}"},
         json={"verdict": "approve", "request_sha256": waiting["request_sha256"]},
+        verify=TLS,
     )
     assert stack.harness.wait(waiting["id"])["status"] == "applied"
     update = stack.slack.wait("chat.update")[0]
@@ -554,7 +557,7 @@ def test_the_callback_is_absent_without_slack(
     app = create_app(config, Registry())
     switch.app = app
     try:
-        response = httpx.post(f"{server.url}/slack/actions", content=b"payload=%7B%7D")
+        response = httpx.post(f"{server.url}/slack/actions", content=b"payload=%7B%7D", verify=TLS)
         assert response.status_code == 404
     finally:
         switch.app = None
@@ -650,6 +653,7 @@ def test_slack_refusing_a_call_never_breaks_the_broker(stack: Stack) -> None:
         f"{stack.url}/api/v1/requests/default/{waiting['id']}/decision",
         headers={"Authorization": f"Bearer {TOKENS['alice']}"},
         json={"verdict": "approve", "request_sha256": waiting["request_sha256"]},
+        verify=TLS,
     )
     assert response.status_code == 200
     assert stack.harness.wait(waiting["id"])["status"] == "applied"

@@ -27,7 +27,7 @@ from tests.effects.github.fake_reviews import (
     review_payload,
 )
 from tests.effects.github.support import REPO, SEED, TOKEN, TOKEN_ENV
-from tests.support import eventually
+from tests.support import TLS, eventually
 
 SECRET = "whsec-test-0123456789"
 SECRET_ENV = "TEST_GITHUB_WEBHOOK_SECRET"
@@ -76,7 +76,7 @@ class Stack:
 
     def send(self, event: str, payload: dict[str, Any], secret: str = SECRET) -> httpx.Response:
         body, headers = delivery(secret, event, payload)
-        return httpx.post(f"{self.url}/github/webhook", content=body, headers=headers)
+        return httpx.post(f"{self.url}/github/webhook", content=body, headers=headers, verify=TLS)
 
     def comment(
         self, thread: Thread, login: str, body: str, kind: str = "User", repo: str = REPO
