@@ -31,7 +31,8 @@ def main() -> int:
     options = RunOptions(
         command=sys.argv[2:], workspace=Path(spec["workspace"]), say=lambda s: print(s)
     )
-    return run(config, registry, Policy(), options)
+    policy = Policy()
+    return run(config, lambda: (registry, policy), options)
 
 
 if __name__ == "__main__":
