@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from broker import attachments
@@ -102,5 +101,5 @@ def masked_failure(exc: EffectFailed, minted: Sequence[str]) -> EffectFailed:
         mask = Masker(minted).text
         exc.reason = mask(exc.reason)
         exc.args = (exc.reason,)
-        exc.issues = tuple(replace(i, message=mask(i.message)) for i in exc.issues)
+        exc.issues = tuple(i._replace(message=mask(i.message)) for i in exc.issues)
     return exc

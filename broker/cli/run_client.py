@@ -15,8 +15,7 @@ import contextlib
 import json
 import socket
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from broker.inputs import Located
 from broker.loop.lockfile import MAX_LINE, read_owner, served, socket_path, unix_address
@@ -29,8 +28,7 @@ __all__ = ["Left", "through_owner"]
 STOP_WAIT_S = 10.0  # after Ctrl-C, how long the owner gets to say the container is gone
 
 
-@dataclass(frozen=True)
-class Left:
+class Left(NamedTuple):
     """The owner went away while the sandbox ran: it is this process's to serve now."""
 
     sandbox_id: str

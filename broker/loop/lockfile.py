@@ -10,8 +10,8 @@ import fcntl
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 __all__ = ["MAX_LINE", "Owner", "read_owner", "served", "socket_path", "unix_address"]
 
@@ -19,8 +19,7 @@ MAX_LINE = 64 * 1024
 """The longest line of the control protocol (JSON) either side reads."""
 
 
-@dataclass(frozen=True)
-class Owner:
+class Owner(NamedTuple):
     """Who holds a state dir: its pid, what it runs, since when, and the digest of the
     start-up check it passed (None: it runs no sandboxes for others)."""
 
