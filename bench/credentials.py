@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import hashlib
 import os
 import socket
@@ -114,6 +115,9 @@ def _s3(base: Path) -> Iterator[dict[str, Any]]:
 
     from effects.s3 import PutObject
 
+    # werkzeug logs every request at INFO once the root logger has a handler (the
+    # full plan's earlier sections install one): thousands of lines in the table
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
