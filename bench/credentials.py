@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import hashlib
+import logging
 import os
 import socket
 import sys
