@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from broker.cli.prompt import Prompt
     from broker.cli.run_client import Left
     from broker.config import Config
-    from broker.inputs import Located
     from broker.loop.pipeline import Broker
     from broker.models import Record
     from broker.observability.telemetry import Telemetry
@@ -119,7 +118,7 @@ def _run(args: argparse.Namespace, command: list[str]) -> int:
         from broker.cli.run_client import through_owner
 
         on_signals(threading.Event(), None, interrupt=True)  # SIGTERM too: the owner stops it
-        asking = partial(_owner_prompt, args, located) if sys.stdin.isatty() else None
+        asking = partial(_owner_prompt, args) if sys.stdin.isatty() else None
         try:
             handed = through_owner(located, command, args.image, args.runtime, say, asking)
         except KeyboardInterrupt:
@@ -137,7 +136,7 @@ def _handable(args: argparse.Namespace) -> bool:
     return not (args.name or args.workspace or args.detach or args.listen)
 
 
-def _owner_prompt(args: argparse.Namespace, located: Located) -> Prompt:
+def _owner_prompt(args: argparse.Namespace) -> Prompt:
     """The terminal's prompt for what the owner's sandbox waits on (loaded then only)."""
     from broker.cli.assembly import check
     from broker.config import load_config
@@ -150,20 +149,14 @@ def _run_here(args: argparse.Namespace, command: list[str], left: Left | None) -
     """The run in this process: checked as `broker serve` checks (or, inputs that
     passed before, when a broker is first built: broker.cli.passed), then served here
     or by the serving broker (broker.hosting.runner); `left`: the container to adopt."""
-    from broker.cli.assembly import Checked, check, install_logging, notifier_for
-    from broker.cli.passed import forget, passed_before, remember
+    from broker.cli.assembly import install_logging, notifier_for
     from broker.config import load_config
     from broker.hosting.runner import RunOptions, run
 
     cfg = load_config(args.config, state_dir=args.state, policy=args.policy)
     install_logging(args.verbose, True, args.log_format or cfg.log_format)
     extras = args.listen or cfg.web or cfg.metrics is not None or cfg.tracing is not None
-    warnings = None if extras else passed_before(cfg)
-    checked = Checked(cfg, on_fault=partial(forget, cfg))
-    if warnings is None:  # new inputs (or an inbox, metrics, traces): checked first
-        cfg, registry, policy, warnings = check(cfg)
-        checked = Checked(cfg, (registry, policy))
-        remember(cfg, warnings)
+    checked, warnings = _checked(cfg, remembered=not extras)
     for warning in warnings:
         say(f"warning: {warning}")
     if secrets := cfg.secret_values():  # none in any log line, from the web or a notifier
@@ -200,6 +193,20 @@ def _run_here(args: argparse.Namespace, command: list[str], left: Left | None) -
             web.stop()
         if telemetry is not None:
             telemetry.close()
+
+
+def _checked(cfg: Config, *, remembered: bool) -> tuple[Checked, list[str]]:
+    """The config checked now, or, `remembered` and its inputs known to pass, when a
+    broker is first built (a fault then forgets the pass); and the check's warnings."""
+    from broker.cli.assembly import Checked, check
+    from broker.cli.passed import forget, passed_before, remember
+
+    warnings = passed_before(cfg) if remembered else None
+    if warnings is not None:
+        return Checked(cfg, on_fault=partial(forget, cfg)), warnings
+    cfg, registry, policy, warnings = check(cfg)
+    remember(cfg, warnings)
+    return Checked(cfg, (registry, policy)), warnings
 
 
 class _Prompting:

@@ -64,7 +64,7 @@ def through_owner(
             "checked": checked,
         }
         sock.sendall(json.dumps(ask).encode() + b"\n")
-        return _follow(sock, _Asking(located, prompt), say, command, str(owner))
+        return _follow(sock, _Asking(prompt), say, command, str(owner))
     except OSError:
         return None  # it stopped listening before the run began: run it here
     finally:
@@ -152,8 +152,7 @@ class _Asking:
     """The terminal's prompt, built at the first request that waits (rich, the
     registry and the policy are loaded for a person only)."""
 
-    def __init__(self, located: Located, prompt: Callable[[], Prompt] | None) -> None:
-        self.located = located
+    def __init__(self, prompt: Callable[[], Prompt] | None) -> None:
         self.make = prompt
         self.prompt: Prompt | None = None
 

@@ -108,16 +108,9 @@ def _runs(d: Daemon, broker: Broker, pool: WarmPool | None) -> RunService:
     """`broker run`s this broker runs for their clients (its lock names what it checked)."""
     from broker.hosting.run_service import RunService
 
-    runs = RunService(d.cfg, broker.events, checked(d.cfg), pool)
+    runs = RunService(d.cfg, broker.events, broker.lock.checked, pool)
     broker.runs = runs
     return runs
-
-
-def checked(cfg: Config) -> str:
-    """The digest of what this broker's start-up check read (broker.inputs)."""
-    from broker.inputs import digest
-
-    return digest(cfg.state_dir, cfg.source, cfg.policy_path)
 
 
 def _staged_note(cfg: Config) -> str:
@@ -137,6 +130,7 @@ def _broker(
     """A broker on the attach-mode outbox and/or the sandboxes under the root, and its
     pull request cards when [integrations.github] approve_in_pr is set."""
     from broker.approval.notify import attach as notify
+    from broker.inputs import digest
     from broker.intake.outbox import attach
     from broker.integrations.github_cards import attach_pr_cards
     from broker.loop.pipeline import Broker
@@ -144,7 +138,8 @@ def _broker(
     broker = Broker(d.cfg, d.registry, d.policy)
     try:
         # one owner per state dir (else one line), which runs `broker run`s checked alike
-        broker.lock.acquire("broker serve", checked=checked(d.cfg))
+        inputs = digest(d.cfg.state_dir, d.cfg.source, d.cfg.policy_path)
+        broker.lock.acquire("broker serve", checked=inputs)
     except BaseException:
         broker.ledger.close()
         raise

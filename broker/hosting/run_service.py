@@ -87,12 +87,12 @@ class RunService:
         self,
         config: Config,
         events: queue.Queue[Event],
-        checked: str,
+        checked: str | None,
         pool: WarmPool | None = None,
     ) -> None:
         self.config = config
         self.events = events
-        self.checked = checked
+        self.checked = checked  # None: it vouches for no inputs, so it runs none
         self.pool = pool
         self._runtime: Runtime | None = pool.runtime if pool is not None else None
         self._own_runtime = False
@@ -142,10 +142,9 @@ class RunService:
             sandbox_id = taken.sandbox_id
             start: Callable[[], Handle] = partial(warm.launch, taken, request.command, runtime)
         else:
-            if image == images.DEFAULT_IMAGE:
-                runtime.ensure_image(image, log=lambda line: conn.send(_say(line)))
             sandbox_id = runner.new_sandbox_id(None)
-            options = runner.RunOptions(command=request.command)
+            say = lambda line: conn.send(_say(line))  # noqa: E731
+            options = runner.RunOptions(command=request.command, say=say)
             spec = runner.cold_spec(self.config, options, runtime, sandbox_id, image)
             start = partial(runtime.start, spec)
         served = self._control("serve", sandbox_id, conn)  # its pending requests: to conn

@@ -81,8 +81,6 @@ def _run(config: Config, checked: Checked, options: RunOptions, runtime: Runtime
 
         start = partial(launch, taken, options.command, runtime)
     else:
-        if image == images.DEFAULT_IMAGE:
-            runtime.ensure_image(image, log=options.say)
         sandbox_id = new_sandbox_id(options.name)
         fresh = not (config.sandboxes_dir / sandbox_id).exists()  # nothing of it in the ledger
         spec = cold_spec(config, options, runtime, sandbox_id, image)
@@ -144,6 +142,9 @@ def _adopted(runtime: Runtime, container_id: str, sandbox_id: str) -> Handle:
 def cold_spec(
     config: Config, options: RunOptions, runtime: Runtime, sandbox_id: str, image: str
 ) -> SandboxSpec:
+    """A new sandbox's dirs and spec, the built-in image built first when missing."""
+    if image == images.DEFAULT_IMAGE:
+        runtime.ensure_image(image, log=options.say)
     paths = prepare_dirs(config.state_dir, sandbox_id, runtime.agent_uid())
     return sandbox_spec(
         paths,

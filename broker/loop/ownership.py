@@ -70,6 +70,7 @@ class StateLock:
         self.state_dir = state_dir
         self.path = state_dir / "broker.lock"
         self.lease = lease
+        self.checked: str | None = None  # the digest the lock file names (acquire's)
         self._fd = -1
 
     @property
@@ -105,6 +106,7 @@ class StateLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode() + b"\n", 0)
         self._fd = fd
+        self.checked = checked
 
     def check(self) -> None:
         """Raise LeaseLost if another broker took this host's lease meanwhile."""
