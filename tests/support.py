@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 from jsonschema import Draft202012Validator
@@ -21,6 +21,9 @@ from jsonschema import Draft202012Validator
 from broker.audit import verify as audit
 from broker.testing import BrokerHarness
 from broker.validation import load_schema
+
+if TYPE_CHECKING:
+    import pexpect
 
 BROKER = Path(sys.executable).with_name("broker")
 RESULT = Draft202012Validator(load_schema("result"))
@@ -270,3 +273,26 @@ def barrier(h: BrokerHarness) -> None:
         return any(e is not None and e.get("id") == rid for _, e, _ in found)
 
     eventually(logged)
+
+
+def at_a_terminal(*args: str) -> pexpect.spawn:
+    """The `broker` console script run as a person runs it: a 160-column terminal."""
+    import pexpect  # (the tests that use a terminal load it)
+
+    return pexpect.spawn(
+        str(BROKER),
+        list(args),
+        encoding="utf-8",
+        timeout=90,
+        dimensions=(50, 160),
+        env={**os.environ, "COLUMNS": "160"},
+    )
+
+
+def approve_at_the_prompt(child: pexpect.spawn, why: str, reason: str) -> None:
+    """At `broker run`'s prompt: the card shows `why` it stopped; approve, with `reason`."""
+    child.expect(why)
+    child.expect("approve\\? \\[a\\]pprove")
+    child.sendline("a")
+    child.expect("reason")
+    child.sendline(reason)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import pytest
 
 from broker.audit import verify as audit
 from broker.hosting import sandbox
-from tests.support import Hook, eventually
+from tests.support import Hook, approve_at_the_prompt, at_a_terminal, eventually
 
 BROKER = str(Path(sys.executable).parent / "broker")
 
@@ -203,19 +202,8 @@ def test_terminal_prompt_approves_a_gated_request(host: Path, engine: docker.Doc
         "'overwrite': True}, reason='update it', timeout=90)\n"
         "print('AGENT', r['status'], r['reason'])\n"
     )
-    child = pexpect.spawn(
-        BROKER,
-        ["run", "--config", str(host), "--name", TTY, "--", "python3", "-c", agent],
-        encoding="utf-8",
-        timeout=90,
-        dimensions=(50, 160),
-        env={**os.environ, "COLUMNS": "160"},
-    )
-    child.expect("an overwrite destroys the old file")  # the card: why it stopped
-    child.expect("approve\\? \\[a\\]pprove")
-    child.sendline("a")
-    child.expect("reason")
-    child.sendline("looked at the diff")
+    child = at_a_terminal("run", "--config", str(host), "--name", TTY, "--", "python3", "-c", agent)
+    approve_at_the_prompt(child, "an overwrite destroys the old file", "looked at the diff")
     child.expect("AGENT applied approved by .*: looked at the diff")
     child.expect(pexpect.EOF)
     child.close()

@@ -6,7 +6,6 @@ dies while the sandbox runs."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -23,7 +22,7 @@ from broker.config import load_config
 from broker.hosting import sandbox, warm
 from broker.inputs import locate
 from broker.loop.lockfile import socket_path, unix_address
-from tests.support import eventually
+from tests.support import approve_at_the_prompt, at_a_terminal, eventually
 
 pytestmark = pytest.mark.docker
 
@@ -299,21 +298,10 @@ def test_at_a_terminal_the_run_asks_about_what_the_owners_sandbox_waits_on(
     config.write_text(config.read_text().replace("[broker]\n", policy))
     serve = start_serve(config)
     try:
-        child = pexpect.spawn(
-            BROKER,
-            ["run", "--config", str(config), "--", "python3", "-c", GATED],
-            encoding="utf-8",
-            timeout=90,
-            dimensions=(50, 160),
-            env={**os.environ, "COLUMNS": "160"},
-        )
+        child = at_a_terminal("run", "--config", str(config), "--", "python3", "-c", GATED)
         child.expect("handed sandbox (sb-[0-9a-f]+) to")
         sandbox_id = child.match.group(1)
-        child.expect("an overwrite destroys the old file")  # the card: why it stopped
-        child.expect("approve\\? \\[a\\]pprove")
-        child.sendline("a")
-        child.expect("reason")
-        child.sendline("looked at the diff")
+        approve_at_the_prompt(child, "an overwrite destroys the old file", "looked at the diff")
         child.expect("AGENT applied approved by .*: looked at the diff")
         child.expect(pexpect.EOF)
         child.close()
