@@ -311,11 +311,16 @@ def main(argv: list[str] | None = None) -> int:
         "samples": run.samples,
         "notes": run.notes,
     }
-    out = args.out or RESULTS / f"{stamp:%Y-%m-%dT%H%M%S}{'-quick' if args.quick else ''}.json"
+    suffix = "-quick" if args.quick else ""
+    save(saved, args.out or RESULTS / f"{stamp:%Y-%m-%dT%H%M%S}{suffix}.json")
+    return 0
+
+
+def save(saved: dict[str, Any], out: Path) -> None:
+    """A run's JSON into `out` (bench/results/ unless --out), and where it went."""
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(saved, indent=1, ensure_ascii=False) + "\n")
     print(f"results: {out}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import cases, instructions, procs, report
-from bench.__main__ import RESULTS, _close, _git, _remove_later
+from bench.__main__ import RESULTS, _close, _git, _remove_later, save
 from bench.native import binary
 from bench.rounds import Run
 
@@ -180,10 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         "native_stages_us": split,
         "samples": run.samples,
     }
-    out = args.out or RESULTS / f"{stamp:%Y-%m-%dT%H%M%S}-native.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(saved, indent=1, ensure_ascii=False) + "\n")
-    print(f"results: {out}")
+    save(saved, args.out or RESULTS / f"{stamp:%Y-%m-%dT%H%M%S}-native.json")
     return 0
 
 
