@@ -18,6 +18,7 @@ from bench.stats import percentile
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 WINDOW_S = 0.3  # the probe's CPU window: long enough for 30 ticks a core
+ENGINE = ("dockerd", "containerd", "runc", "conmon", "podman")  # and containerd-shim*
 
 
 def cpu_counters() -> dict[str, float]:
@@ -44,6 +45,38 @@ def own_cpu(pids: Iterable[int] = ()) -> float:
             continue
         total += sum(int(v) for v in stat[11:15]) / CLK_TCK  # utime stime cutime cstime
     return total
+
+
+def engine_cpu_s() -> float:
+    """utime + stime of the container engine's live processes (dockerd, containerd and
+    its shims, runc; Podman's conmon), from /proc."""
+    total = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        if name.startswith(ENGINE):
+            fields = stat[stat.rindex(")") + 2 :].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / CLK_TCK
+
+
+def settle_engine(limit_s: float = 5.0, step_s: float = 0.1, cores: float = 0.05) -> float:
+    """Wait (at most `limit_s`) until the container engine has been idle for a step:
+    a round of containers leaves the engine tearing the last ones down for a while, and
+    a probe taken then would count the bench's own containers as others' work. Returns
+    the seconds waited; an engine still busy at the limit is for the probe to judge."""
+    start = time.monotonic()
+    before = engine_cpu_s()
+    while time.monotonic() - start < limit_s:
+        time.sleep(step_s)
+        now = engine_cpu_s()
+        if 0 <= now - before <= cores * step_s:  # less: a process ended, which is work
+            break
+        before = now
+    return time.monotonic() - start
 
 
 def probe(

@@ -117,7 +117,8 @@ class Outcome:
     counted: bool = False  # a count (memory, CPU while idle): noise not judged
 
     def rounds_text(self) -> str:
-        """e.g. "rounds 1, 3 of 4 quiet" """
+        """e.g. "2 of 4 rounds quiet (rounds 3, 5)": how many of the target's rounds
+        were quiet, and which, by their number in the run (its "rounds" list)."""
         if self.counted:
             return f"{self.rounds} round{'s' if self.rounds > 1 else ''}, noise not judged"
         if not self.used:
@@ -125,7 +126,9 @@ class Outcome:
         if len(self.used) == self.rounds and self.rounds > 1:
             return f"all {self.rounds} rounds quiet"
         listed = ", ".join(str(r + 1) for r in self.used)
-        return f"round{'s' if len(self.used) > 1 else ''} {listed} of {self.rounds} quiet"
+        which = f"round{'s' if len(self.used) > 1 else ''} {listed}"
+        of = f"{self.rounds} round{'s' if self.rounds > 1 else ''}"
+        return f"{len(self.used)} of {of} quiet ({which})"
 
 
 def need_quiet(rounds: int) -> int:

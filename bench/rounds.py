@@ -40,19 +40,24 @@ class Run:
         self._dir = probes_dir
         self._current = -1
 
-    def probe(self, window: bool = True) -> dict[str, float]:
-        return fsprobe.probe(self._dir, own=self.own_pids(), window=window)
+    def probe(self, window: bool = True, *, settle: bool = False) -> dict[str, float]:
+        """A probe (bench.fsprobe); with `settle`, taken once the container engine is
+        idle (rounds of containers), and the wait recorded as engine_settle_s."""
+        waited = fsprobe.settle_engine() if settle else 0.0
+        found = fsprobe.probe(self._dir, own=self.own_pids(), window=window)
+        return {**found, "engine_settle_s": waited} if settle else found
 
     @contextmanager
     def round(self, part: str, *, own_known: bool = True) -> Iterator[int]:
-        """Cells measured inside belong to one round, probed before and after."""
-        self.rounds.append(Round(part, self.probe()))
+        """Cells measured inside belong to one round, probed before and after (once
+        the engine has settled, when the round's work ran in containers)."""
+        self.rounds.append(Round(part, self.probe(settle=not own_known)))
         self._current = len(self.rounds) - 1
         try:
             yield self._current
         finally:
             done = self.rounds[self._current]
-            done.after = self.probe()
+            done.after = self.probe(settle=not own_known)
             done.judged = quiet.judge(done.before, done.after, self.limits, own_known=own_known)
             self._current = -1
 

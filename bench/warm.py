@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -22,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.cases import IMAGE
-
-ENGINE = ("dockerd", "containerd")  # the shims are containerd-shim*
+from bench.fsprobe import engine_cpu_s
 
 
 def _cgroup_file(container_id: str, v1: tuple[str, str], v2: str) -> Path | None:
@@ -50,22 +48,6 @@ def container_cpu_s(container_id: str) -> float:
 def container_memory(container_id: str) -> int:
     found = _cgroup_file(container_id, ("memory", "memory.usage_in_bytes"), "memory.current")
     return int(found.read_text()) if found is not None else -1
-
-
-def engine_cpu_s() -> float:
-    """utime + stime of the engine's processes (dockerd, containerd, the shims)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        if name.startswith(ENGINE):
-            fields = stat[stat.rindex(")") + 2 :].split()
-            total += int(fields[11]) + int(fields[12])
-    return total / tick
 
 
 def idle_cost(pool: Any, window_s: float) -> dict[str, Any]:

@@ -3,6 +3,8 @@ may claim from them. Fixed inputs, no timing: the bench itself measures."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bench import quiet
@@ -53,7 +55,7 @@ def test_a_target_needs_enough_quiet_rounds() -> None:
     out = quiet.decide({0: 1.1, 1: 3.0, 2: 2.8}, {0: True, 1: False, 2: False}, 1.25)
     assert out.status == "inconclusive"
     assert out.used == (0,) and out.note == "1 quiet round, 2 needed"
-    assert out.rounds_text() == "round 1 of 3 quiet"
+    assert out.rounds_text() == "1 of 3 rounds quiet (round 1)"
 
 
 def test_a_target_is_judged_on_the_quiet_rounds_only() -> None:
@@ -61,7 +63,7 @@ def test_a_target_is_judged_on_the_quiet_rounds_only() -> None:
     out = quiet.decide({0: 2.3, 1: 1.1, 2: 2.4}, {0: True, 1: False, 2: True}, 1.25)
     assert (out.status, out.used) == ("missed", (0, 2))
     assert out.value == pytest.approx(2.35)
-    assert out.rounds_text() == "rounds 1, 3 of 3 quiet"
+    assert out.rounds_text() == "2 of 3 rounds quiet (rounds 1, 3)"
 
 
 def test_quiet_rounds_that_disagree_are_inconclusive() -> None:
@@ -91,3 +93,28 @@ def test_summary_counts_the_reasons() -> None:
         quiet.Judged(False, ("others used 1.20 cores during the round",)),
     ]
     assert quiet.summary(judged) == "1 of 3 rounds quiet (noisy: create ×1, others ×1)"
+
+
+def test_rounds_are_named_by_their_number_in_the_run() -> None:
+    """A target measured in the run's rounds 4 and 5 (indices 3, 4), one of them quiet,
+    says which by the run's numbering and how many of its own rounds there were."""
+    out = quiet.decide({3: 0.25, 4: 0.24}, {3: False, 4: True}, 0.8, at_most=False)
+    assert out.rounds_text() == "1 of 2 rounds quiet (round 5)"
+
+
+def test_a_containers_round_is_probed_once_the_engine_settles(tmp_path: Path) -> None:
+    """Around a round whose work ran in containers, each probe waits for the engine's
+    teardown of the last ones and records the wait, so that the engine's work for the
+    bench's own containers is not taken for others' CPU; a round of the bench's own
+    processes is probed at once."""
+    from bench.rounds import Run
+
+    run = Run(tmp_path)
+    with run.round("start", own_known=False):
+        pass
+    with run.round("sequential"):
+        pass
+    containers, own = run.rounds
+    assert containers.before["engine_settle_s"] >= 0.1  # at least one idle step
+    assert containers.after["engine_settle_s"] >= 0.1
+    assert "engine_settle_s" not in own.before and "engine_settle_s" not in own.after
