@@ -8,7 +8,7 @@ other command goes to typer's table (broker.cli.commands).
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = ["app", "main"]
 
@@ -18,10 +18,46 @@ def main() -> None:
     if sys.argv[1:2] == ["run"]:
         from broker.cli.run import main as run_main
 
-        raise SystemExit(run_main(sys.argv[2:]))
+        code: object
+        try:
+            code = run_main(sys.argv[2:])
+        except SystemExit as exc:
+            code = exc.code
+        leave(code)
     from broker.cli.commands import main as app_main
 
     app_main()
+
+
+def leave(code: object) -> NoReturn:
+    """Exit as SystemExit(code) would, without the interpreter's teardown.
+
+    Once `broker run` has said its last line, what a normal exit adds is the freeing
+    of every module's objects: 8–15 ms that every agent's run paid after its sandbox
+    had gone. What exit does besides is done here first, in its order: the threads
+    that are not daemons are joined, the atexit functions run (logging's flush,
+    telemetry's export), stdout and stderr are flushed."""
+    import atexit
+    import os
+    import threading
+
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:  # SystemExit("text"): the text on stderr, status 1
+        sys.stderr.write(f"{code}\n")
+        status = 1
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: what exit would also meet
+            status = status or 120
+    os._exit(status)
 
 
 def __getattr__(name: str) -> Any:
