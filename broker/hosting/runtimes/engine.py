@@ -4,9 +4,15 @@ Why not docker-py here: a sandbox's life is six HTTP calls (create, inspect, sta
 logs, wait, delete) and docker-py costs a `broker run` more to import (requests,
 urllib3, its models: ~40 ms, a fifth of `docker run`'s whole start) than the calls
 take. The calls themselves are the engine's documented API
-(https://docs.docker.com/reference/api/engine/), JSON over HTTP/1.1, which the
-standard library's http.client speaks; only the socket is ours. Image builds stay on
-docker-py (broker.hosting.images), where they are rare and slow anyway.
+(https://docs.docker.com/reference/api/engine/), JSON over HTTP/1.1. Image builds stay
+on docker-py (broker.hosting.images), where they are rare and slow anyway.
+
+Why not http.client either: importing it imports the email package (to parse
+headers) and ssl, 12–16 ms of every cold `broker run` before its first engine call.
+What this client needs of HTTP/1.1 is small and fixed, since it talks to one known
+server over a local socket: a request with `Connection: close`, then a status line,
+headers, and a body by Content-Length, by chunks, or to the close (_Response; a
+response it cannot read is an EngineError, never a guess).
 
 One connection per call: calls are few, a Unix connect costs microseconds, and no
 state is shared between the threads that stream logs and the one that waits.
@@ -14,7 +20,6 @@ state is shared between the threads that stream logs and the one that waits.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import socket
@@ -23,14 +28,21 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from broker.errors import SandboxError
+
 __all__ = ["EngineClient", "EngineContainer", "EngineError", "engine_socket"]
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
+OWN = -1.0
+"""A call's timeout when not given: the client's own (None is no timeout at all: a wait
+for a container's end, a followed log stream, which take as long as the agent does)."""
 _FRAME = struct.Struct(">BxxxL")  # the log stream's frame: stream (1 out, 2 err), size
 
 
-class EngineError(Exception):
-    """The engine answered with an error, or did not answer; `status` is 0 for the latter."""
+class EngineError(SandboxError):
+    """The engine answered with an error, or did not answer; `status` is 0 for the latter.
+    A SandboxError, so that one the runtime does not word for itself is still the CLI's
+    one line."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -45,20 +57,111 @@ def engine_socket() -> str:
     return where.removeprefix("unix://")
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float | None) -> None:
-        super().__init__("docker", timeout=timeout)
-        self.path = path
+MAX_HEAD = 64 * 1024  # a status line and headers longer than this are not the engine's
 
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self.path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
+
+class _Response:
+    """One HTTP/1.1 response read off a socket: its status and reason, then its body
+    (read(n) for a stream, read() for the whole), by Content-Length, chunks, or to the
+    close. A malformed response raises EngineError."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._file = sock.makefile("rb")
+        self.status = 0
+        self.reason = ""
+        self._left: int | None = None  # bytes left of the body or of the current chunk
+        self._chunked = False
+        self._done = False
+        self._buffer = b""
+
+    def begin(self) -> None:
+        """Read the status line and the headers."""
+        status = self._line()
+        while status.startswith(b"HTTP/1.1 1"):  # 100 Continue and the like: skip
+            while self._line():
+                pass
+            status = self._line()
+        parts = status.split(b" ", 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+            raise EngineError(0, f"the engine sent {status[:80]!r} as its status line")
+        self.status = int(parts[1])
+        self.reason = parts[2].decode("latin-1").strip() if len(parts) > 2 else ""
+        headers: dict[str, str] = {}
+        size = len(status)
+        while line := self._line():
+            size += len(line)
+            name, sep, value = line.decode("latin-1").partition(":")
+            if not sep or size > MAX_HEAD:
+                raise EngineError(
+                    0, f"the engine sent a header it cannot have meant: {line[:80]!r}"
+                )
+            headers[name.strip().lower()] = value.strip()
+        self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        self._done = self.status in (204, 304)
+        if not self._chunked and not self._done and "content-length" in headers:
+            length = headers["content-length"]
+            if not length.isdigit():
+                raise EngineError(0, f"the engine sent Content-Length: {length[:40]!r}")
+            self._left = int(length)
+
+    def _line(self) -> bytes:
+        line = self._file.readline(MAX_HEAD)
+        if not line.endswith(b"\n"):
+            raise EngineError(0, "the engine's answer ended before its headers did")
+        return line.rstrip(b"\r\n")
+
+    def _piece(self) -> bytes:
+        """The body's next bytes as they come (b"" at its end)."""
+        if self._done:
+            return b""
+        if self._chunked:
+            if not self._left:
+                if self._left == 0 and self._file.readline(3) != b"\r\n":
+                    raise EngineError(0, "the engine sent a chunk longer than its size")
+                size = self._line().split(b";", 1)[0].strip()
+                try:
+                    self._left = int(size, 16)
+                except ValueError:
+                    raise EngineError(0, f"the engine sent {size[:20]!r} as a chunk size") from None
+                if self._left == 0:
+                    while self._line():  # trailers, then the end
+                        pass
+                    self._done = True
+                    return b""
+            data = self._file.read1(self._left)
+            if not data:
+                raise EngineError(0, "the engine's answer ended inside a chunk")
+            self._left -= len(data)
+            return data
+        if self._left is None:  # to the close
+            data = self._file.read1(65536)
+            self._done = not data
+            return data
+        if self._left == 0:
+            self._done = True
+            return b""
+        data = self._file.read1(min(self._left, 65536))
+        if not data:
+            raise EngineError(0, "the engine's answer ended before its Content-Length")
+        self._left -= len(data)
+        return data
+
+    def read(self, size: int = -1) -> bytes:
+        """`size` bytes of the body (fewer only at its end); all of the rest if -1."""
+        while size < 0 or len(self._buffer) < size:
+            piece = self._piece()
+            if not piece:
+                break
+            self._buffer += piece
+        if size < 0:
+            size = len(self._buffer)
+        data, self._buffer = self._buffer[:size], self._buffer[size:]
+        return data
+
+    def close(self) -> None:
+        self._file.close()
+        self._sock.close()
 
 
 class EngineClient:
@@ -75,23 +178,26 @@ class EngineClient:
         body: Mapping[str, Any] | None = None,
         *,
         query: Mapping[str, Any] | None = None,
-        timeout: float | None = None,
+        timeout: float | None = OWN,
     ) -> Any:
         """One call; its JSON answer (None when it has no body)."""
-        conn, response = self._open(method, path, body, query, timeout)
+        response = self._open(method, path, body, query, timeout)
         try:
             data = response.read()
         except OSError as exc:
             raise EngineError(0, f"the engine at {self.path} stopped answering: {exc}") from exc
         finally:
-            conn.close()
-        return json.loads(data) if data else None
+            response.close()
+        try:
+            return json.loads(data) if data else None
+        except ValueError as exc:
+            raise EngineError(0, f"the engine's answer to {method} {path} is not JSON") from exc
 
     def frames(
-        self, path: str, query: Mapping[str, Any], timeout: float | None = None
+        self, path: str, query: Mapping[str, Any], timeout: float | None = OWN
     ) -> Iterator[tuple[int, bytes]]:
         """A multiplexed stream (logs, non-TTY) as (stream, payload) frames, to its end."""
-        conn, response = self._open("GET", path, None, query, timeout)
+        response = self._open("GET", path, None, query, timeout)
         try:
             while header := response.read(_FRAME.size):
                 if len(header) < _FRAME.size:
@@ -101,7 +207,7 @@ class EngineClient:
         except OSError as exc:
             raise EngineError(0, f"the engine's stream ended: {exc}") from exc
         finally:
-            conn.close()
+            response.close()
 
     def _open(
         self,
@@ -110,24 +216,34 @@ class EngineClient:
         body: Mapping[str, Any] | None,
         query: Mapping[str, Any] | None,
         timeout: float | None,
-    ) -> tuple[_UnixConnection, http.client.HTTPResponse]:
+    ) -> _Response:
         target = path + (f"?{urlencode(query)}" if query else "")
-        conn = _UnixConnection(self.path, self.timeout if timeout is None else timeout)
-        payload = json.dumps(body).encode() if body is not None else None
-        headers = {"Content-Type": "application/json"} if payload is not None else {}
+        payload = json.dumps(body).encode() if body is not None else b""
+        head = f"{method} {target} HTTP/1.1\r\nHost: docker\r\nConnection: close\r\n"
+        if body is not None or method in ("POST", "PUT"):
+            head += f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        response = _Response(sock)
         try:
-            conn.request(method, target, body=payload, headers=headers)
-            response = conn.getresponse()
+            sock.settimeout(self.timeout if timeout == OWN else timeout)
+            sock.connect(self.path)
+            sock.sendall(head.encode() + b"\r\n" + payload)
+            response.begin()
         except OSError as exc:
-            conn.close()
+            response.close()
             raise EngineError(0, f"the engine at {self.path} does not answer ({exc})") from exc
+        except EngineError:
+            response.close()
+            raise
         if response.status >= 400:
             try:
                 text = response.read().decode("utf-8", "replace")
+            except (OSError, EngineError):
+                text = ""
             finally:
-                conn.close()
+                response.close()
             raise EngineError(response.status, _message(text) or response.reason)
-        return conn, response
+        return response
 
 
 def _message(text: str) -> str:
@@ -166,7 +282,8 @@ class EngineContainer:
         return str(state.get("Status", "?") if isinstance(state, dict) else state or "?")
 
     def wait(self, timeout: float | None = None) -> dict[str, Any]:
-        """Until it exits: {"StatusCode": its exit code}."""
+        """Until it exits, however long that is (or `timeout` seconds: EngineError):
+        {"StatusCode": its exit code}."""
         path = f"/containers/{quote(self.id)}/wait"
         found: dict[str, Any] = self.client.call("POST", path, timeout=timeout)
         return found
