@@ -60,7 +60,7 @@ def _is_hidden(ch: str, keep_newlines: bool) -> bool:
     return unicodedata.category(ch) in ("Cf", "Cs", "Co", "Cn") and code > 0x7F
 
 
-_SUSPECT = re.compile(
+_SUSPECT = (
     r"[\x00-\x1f\x7f-\xa0\xad\u034f\u061c\u115f\u1160\u1680\u17b4\u17b5\u180b-\u180f"
     r"\u2000-\u200f\u2028-\u202f\u205f-\u206f\u2800\u3000\u3164\ufe00-\ufe0f\ufeff\uffa0"
     r"\ufff0-\ufffb\ud800-\udfff\ue000-\uf8ff\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
@@ -70,7 +70,9 @@ _SUSPECT = re.compile(
 
 def neutralize(text: str, *, keep_newlines: bool = False) -> str:
     """`text` with every hiding or terminal-controlling character made visible."""
-    if not _SUSPECT.search(text) and text.isprintable():
+    if text.isascii() and text.isprintable():  # nothing in ASCII hides but controls
+        return text
+    if not re.search(_SUSPECT, text) and text.isprintable():  # compiled at its first use
         return text
     return "".join(_visible(c) if _is_hidden(c, keep_newlines) else c for c in text)
 

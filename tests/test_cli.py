@@ -376,3 +376,16 @@ def test_bad_config_is_one_clear_line(
     proc = run("policy", "explain", str(request), "--config", str(path), home=home)
     line = assert_one_line_error(proc, *names)
     assert "ghp_abc" not in line
+
+
+@pytest.mark.parametrize("columns", ["60", "200"])
+def test_run_help_lists_every_option_at_the_terminals_width(home: Path, columns: str) -> None:
+    """`broker run --help` (argparse, on run's light path) wraps at COLUMNS as the other
+    commands' help does, and names each option."""
+    done = run("run", "--help", home=home, env={"COLUMNS": columns})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "usage: broker run [OPTIONS] -- CMD [ARGS]..."
+    assert max(map(len, lines)) <= int(columns) - 2
+    for option in ("--image", "--name", "--workspace", "--detach", "--runtime", "--config"):
+        assert option in done.stdout

@@ -78,6 +78,18 @@ def test_neutralize_leaves_ordinary_text_alone() -> None:
     assert neutralize(text) == text
 
 
+def test_every_ascii_control_is_shown_and_every_printable_passes() -> None:
+    """The ASCII shortcut (no pattern compiled for plain ASCII lines) hides nothing:
+    each of the 33 ASCII controls is shown as \\xNN; the 95 printables pass as they are."""
+    for code in range(128):
+        ch = chr(code)
+        shown = neutralize(f"a{ch}b")
+        if code < 0x20 or code == 0x7F:
+            assert shown == f"a\\x{code:02x}b"
+        else:
+            assert shown == f"a{ch}b"
+
+
 def test_newlines_and_tabs_are_shown_unless_kept() -> None:
     """Newlines and tabs are escaped by default and kept only with keep_newlines."""
     assert neutralize("a\nb\tc") == "a\\x0ab\\x09c"
