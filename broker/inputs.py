@@ -4,13 +4,12 @@ start-up check reads.
 One place resolves them, for `load_config` (broker.config) and for `broker run`'s
 client (broker.cli.run_client), so that the two cannot disagree: a run whose digest
 is the one a serving owner names in its lock file is run by that owner, which checked
-exactly these bytes. Light on purpose (os, tomllib, hashlib): the client imports this
+exactly these bytes. Light on purpose (os, tomllib): the client imports this
 and not the config's validation, the registry or the pipeline.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tomllib
 from pathlib import Path
@@ -79,6 +78,8 @@ def default_state_dir() -> Path:
 def digest(state_dir: Path, source: Path | None, policy_path: Path | None) -> str:
     """What the start-up check of a config reads: the broker's version, the state dir,
     and broker.toml's and the policy's resolved paths and bytes."""
+    import hashlib  # here: `broker run`'s client locates, the owner hashes (OpenSSL: ~3 ms)
+
     found = hashlib.sha256(f"{__version__}\0{state_dir.resolve()}".encode())
     for path in (source, policy_path):
         found.update(b"\0" + str(path.resolve() if path else "").encode() + b"\0")

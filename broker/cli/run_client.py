@@ -44,13 +44,12 @@ def through_owner(
     prompt: Callable[[], Prompt] | None = None,
 ) -> int | Left | None:
     """The sandbox's exit code once the owner has run it; Left; or None: no owner
-    runs it (none serves, it checked other inputs, or it refused), run it here."""
+    runs it (none serves, it checked other inputs, or it refused), run it here. The
+    owner compares the digest of the inputs this run located with the one its own
+    start-up check passed (broker.inputs.digest)."""
     state_dir = located.state_dir
     owner = read_owner(state_dir)
     if owner is None or owner.checked is None or not served(state_dir):
-        return None
-    checked = located.digest()
-    if owner.checked != checked:
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
@@ -61,7 +60,11 @@ def through_owner(
             "command": list(command),
             "image": image,
             "runtime": runtime,
-            "checked": checked,
+            "inputs": {  # the owner hashes them as its start-up check did (not hashlib here)
+                "state_dir": str(state_dir),
+                "config": str(located.path) if located.path else None,
+                "policy": str(located.policy_path) if located.policy_path else None,
+            },
         }
         sock.sendall(json.dumps(ask).encode() + b"\n")
         return _follow(sock, _Asking(prompt), say, command, str(owner))

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from broker.config import Config
@@ -26,6 +27,7 @@ from broker.events import Control, Event
 from broker.hosting import images, runner, warm
 from broker.hosting.runtimes import open_runtime, runtime_name
 from broker.hosting.runtimes.base import Handle, Runtime
+from broker.inputs import digest
 from broker.loop.handover import RELEASE_TIMEOUT_S
 
 if TYPE_CHECKING:
@@ -46,7 +48,7 @@ class RunRequest:
     command: tuple[str, ...]
     image: str | None
     runtime: str | None  # --runtime; None: the broker's own
-    checked: str
+    inputs: tuple[Path, Path | None, Path | None]  # state dir, broker.toml, policy
 
 
 def parse(message: Mapping[str, Any]) -> RunRequest:
@@ -65,10 +67,16 @@ def parse(message: Mapping[str, Any]) -> RunRequest:
     runtime = message.get("runtime")
     if runtime is not None and not isinstance(runtime, str):
         raise ValueError("runtime: expected docker, podman or null")
-    checked = message.get("checked")
-    if not isinstance(checked, str):
-        raise ValueError("checked: expected the digest of the start-up check")
-    return RunRequest(tuple(command), image, runtime, checked)
+    inputs = message.get("inputs")
+    if not isinstance(inputs, dict):
+        raise ValueError("inputs: expected the run's state_dir, config and policy")
+    state_dir, config, policy = (inputs.get(key) for key in ("state_dir", "config", "policy"))
+    if not (isinstance(state_dir, str) and state_dir and "\0" not in state_dir) or not all(
+        p is None or (isinstance(p, str) and p and "\0" not in p) for p in (config, policy)
+    ):
+        raise ValueError("inputs: expected the paths of state_dir, config and policy")
+    named = (Path(state_dir), Path(config) if config else None, Path(policy) if policy else None)
+    return RunRequest(tuple(command), image, runtime, named)
 
 
 @dataclass
@@ -101,7 +109,7 @@ class RunService:
     def __call__(self, message: dict[str, Any], conn: Connection, rest: Iterator[Any]) -> None:
         try:
             request = parse(message)
-            if request.checked != self.checked:
+            if self.checked is None or digest(*request.inputs) != self.checked:
                 raise BrokerError("broker.toml or the policy changed since this broker started")
             if request.runtime not in (None, runtime_name(self.config)):
                 raise BrokerError(f"this broker runs {runtime_name(self.config)} sandboxes")

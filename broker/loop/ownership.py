@@ -17,7 +17,7 @@ run's whole life on the owner's side, with its warm pool and its engine connecti
 client left to print what it is told and exit with the sandbox's code:
 
     → {"op": "run", "command": [ARG…], "image": IMAGE|null, "runtime": NAME|null,
-       "checked": DIGEST}
+       "inputs": {"state_dir": PATH, "config": PATH|null, "policy": PATH|null}}
     ← {"event": "started", "sandbox": ID, "container": SHORT_ID, "image": IMAGE}
     ← {"event": "say", "text": LINE}       (a line to print: the agent's output, neutralised
                                            here and again by the client, or the owner's)
@@ -26,9 +26,11 @@ client left to print what it is told and exit with the sandbox's code:
     ← {"event": "exited", "code": N, "summary": TEXT}
     ← {"ok": false, "error": …}           (refused: nothing was started)
 
-DIGEST is the one the owner's lock file names (`Owner.checked`): the inputs of the
-start-up check it passed (broker.inputs.digest). A run whose inputs differ, or that
-asks for another runtime, is refused and runs on its own path, checked as usual.
+The owner runs it only when the digest of those inputs as they are now
+(broker.inputs.digest: the broker's version, the paths and the files' bytes) is the one
+its own start-up check passed, which its lock file names (`Owner.checked`; a client
+reads no more than that it names one). A run whose inputs differ, or that asks for
+another runtime, is refused and runs on its own path, checked as usual.
 """
 
 from __future__ import annotations

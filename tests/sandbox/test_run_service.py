@@ -119,7 +119,7 @@ def test_the_owner_runs_it_and_the_run_loads_no_engine_or_pipeline(
     assert containers(engine, sandbox_id) == []
     loaded = set(modules.read_text().split())
     heavy_modules = ("broker.config", "broker.hosting.runtimes.engine", "broker.loop.pipeline")
-    for heavy in (*heavy_modules, "broker.loop.ownership", "broker.registry", "logging"):
+    for heavy in (*heavy_modules, "broker.loop.ownership", "broker.registry", "logging", "hashlib"):
         assert heavy not in loaded, heavy
 
 
@@ -210,10 +210,12 @@ def ask(config: Path, message: dict[str, Any]) -> dict[str, Any]:
         ({"command": ["true", 1]}, "command"),
         ({"command": ["a\0b"]}, "command"),
         ({"command": ["true"], "image": 7}, "image"),
-        ({"command": ["true"]}, "checked"),
-        ({"command": ["true"], "checked": "0" * 64}, "changed"),
-        ({"command": ["true"], "runtime": 1, "checked": "CHECKED"}, "runtime"),
-        ({"command": ["true"], "runtime": "podman", "checked": "CHECKED"}, "runs docker"),
+        ({"command": ["true"]}, "inputs"),
+        ({"command": ["true"], "inputs": {"state_dir": 1}}, "inputs"),
+        ({"command": ["true"], "inputs": {"state_dir": "/nowhere"}}, "changed"),
+        ({"command": ["true"], "inputs": "OTHER CONFIG"}, "changed"),
+        ({"command": ["true"], "runtime": 1, "inputs": "OWN"}, "runtime"),
+        ({"command": ["true"], "runtime": "podman", "inputs": "OWN"}, "runs docker"),
     ],
 )
 def test_the_owner_refuses_a_run_it_cannot_vouch_for(
@@ -223,8 +225,21 @@ def test_the_owner_refuses_a_run_it_cannot_vouch_for(
     asking for a runtime it does not run: refused with a reason, nothing started."""
     state = served.parent / "state"
     before = started_for(engine, state)
-    if message.get("checked") == "CHECKED":  # the owner's own digest: only the runtime is off
-        message = {**message, "checked": locate(served).digest()}
+    if message.get("inputs") in ("OWN", "OTHER CONFIG"):  # the owner's, or a copy elsewhere
+        located = locate(served)
+        config = located.path
+        if message["inputs"] == "OTHER CONFIG":  # the same bytes at another path
+            assert config is not None
+            config = served.parent / "copy.toml"
+            config.write_bytes(served.read_bytes())
+        message = {
+            **message,
+            "inputs": {
+                "state_dir": str(located.state_dir),
+                "config": str(config),
+                "policy": str(located.policy_path) if located.policy_path else None,
+            },
+        }
     answer = ask(served, {"op": "run", **message})
     assert answer["ok"] is False and says in answer["error"], answer
     assert started_for(engine, state) <= before
