@@ -35,9 +35,6 @@ class Located:
         self.state_dir = state_dir
         self.policy_path = policy_path
 
-    def digest(self) -> str:
-        return digest(self.state_dir, self.path, self.policy_path)
-
 
 def locate(
     path: Path | None = None, state_dir: Path | None = None, policy: Path | None = None

@@ -9,7 +9,7 @@ import pytest
 
 from broker.config import load_config
 from broker.errors import ConfigError
-from broker.inputs import locate
+from broker.inputs import digest, locate
 
 
 def test_relative_paths_start_at_the_file(tmp_path: Path) -> None:
@@ -58,8 +58,13 @@ def test_the_digest_follows_the_bytes_and_the_state_dir(tmp_path: Path) -> None:
     policy = tmp_path / "policy.toml"
     policy.write_text("")
     path.write_text('[broker]\npolicy = "policy.toml"\n')
-    first = locate(path, tmp_path / "a").digest()
-    assert locate(path, tmp_path / "a").digest() == first
-    assert locate(path, tmp_path / "b").digest() != first
+
+    def hashed(state: str) -> str:
+        found = locate(path, tmp_path / state)
+        return digest(found.state_dir, found.path, found.policy_path)
+
+    first = hashed("a")
+    assert hashed("a") == first
+    assert hashed("b") != first
     policy.write_text("# changed\n")
-    assert locate(path, tmp_path / "a").digest() != first
+    assert hashed("a") != first
