@@ -155,15 +155,19 @@ class RunService:
             options = runner.RunOptions(command=request.command, say=say)
             spec = runner.cold_spec(self.config, options, runtime, sandbox_id, image)
             start = partial(runtime.start, spec)
-        served = self._control("serve", sandbox_id, conn)  # its pending requests: to conn
-        handle = start()
         try:
-            reply = served.get(timeout=REPLY_S)
-        except queue.Empty:
-            reply = {"ok": False, "error": "the broker's loop did not answer"}
-        if not reply.get("ok"):
-            runtime.remove(handle)
-            raise SandboxError(f"cannot serve sandbox {sandbox_id}: {reply.get('error')}")
+            served = self._control("serve", sandbox_id, conn)  # its pending requests: to conn
+            handle = start()
+            try:
+                reply = served.get(timeout=REPLY_S)
+            except queue.Empty:
+                reply = {"ok": False, "error": "the broker's loop did not answer"}
+            if not reply.get("ok"):
+                runtime.remove(handle)
+                raise SandboxError(f"cannot serve sandbox {sandbox_id}: {reply.get('error')}")
+        except BaseException:
+            self._settled(sandbox_id)
+            raise
         return _Run(sandbox_id, image, handle, threading.Lock())
 
     def _life(self, run: _Run, request: RunRequest, conn: Connection) -> None:
@@ -206,6 +210,13 @@ class RunService:
                 self.runtime().remove(run.handle)
             except SandboxError as exc:
                 log.warning("sandbox %s: %s", run.sandbox_id, exc)
+            finally:
+                self._settled(run.sandbox_id)
+
+    def _settled(self, sandbox_id: str) -> None:
+        """The pool may refill now: this run no longer needs the engine's attention."""
+        if self.pool is not None:
+            self.pool.settled(sandbox_id)
 
     def _control(
         self, op: str, sandbox_id: str, conn: Connection | None

@@ -6,6 +6,10 @@ keeps its own. The keeper's thread starts with :meth:`WarmPool.start` and is joi
 removes entries of another key (the config changed) and entries whose container has
 gone (a crashed keeper's, or one removed behind its back), and claimed entries a taker
 never handed a command to, then creates what is missing, one at a time.
+
+A take's refill waits while the run that took it starts and ends (:meth:`WarmPool.settled`),
+for at most REFILL_HOLD_S: a refill's create and start are a quarter of a second of
+the engine's work, which slowed that run's exit by 20–30 ms when they shared it.
 """
 
 from __future__ import annotations
@@ -41,6 +45,10 @@ log = logging.getLogger("broker.warm")
 
 STALE_CLAIM_S = 120.0
 """A claimed entry this old was never handed a command (its taker died): removed."""
+
+REFILL_HOLD_S = 1.0
+"""How long after a take its refill may wait for the taker's run to settle; a taker
+that never says (the AutoGen executor, whose container lives on) lets it go then."""
 
 
 def create(
@@ -123,6 +131,7 @@ class WarmPool:
         clock: Clock = REAL,
         interval: float = 10.0,
         own_runtime: bool = False,
+        hold: float = REFILL_HOLD_S,
     ) -> None:
         self.runtime = runtime
         self._own_runtime = own_runtime  # closed with the pool (keeper_for opened it)
@@ -139,6 +148,11 @@ class WarmPool:
         self._filled = threading.Condition()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # one pass at a time: the thread's, or a caller's
+        self._hold = hold
+        self._holds: dict[str, float] = {}  # sandbox id taken -> until when its refill waits
+        self._holds_lock = threading.RLock()
+        self._taking = 0  # takes under way
+        self._settle = threading.Event()
 
     @property
     def key(self) -> str:
@@ -159,12 +173,31 @@ class WarmPool:
 
     def take(self) -> Warm | None:
         """A claimed sandbox whose container is running, made from the image its tag
-        names now, or None; the keeper refills."""
-        while True:
-            warm = claim(self.root, self.key, self.state_dir)
+        names now, or None; the keeper refills, once the run settles (:meth:`settled`)
+        or REFILL_HOLD_S have passed."""
+        with self._holds_lock:
+            self._taking += 1  # the keeper holds from the claim on, not from the return
+        try:
+            while True:
+                warm = claim(self.root, self.key, self.state_dir)
+                if warm is None:
+                    return None
+                if usable(warm, self.runtime, self.settings.image):
+                    with self._holds_lock:
+                        self._holds[warm.sandbox_id] = self._clock.monotonic() + self._hold
+                    return warm
+        finally:
+            with self._holds_lock:
+                self._taking -= 1
             self._wake.set()
-            if warm is None or usable(warm, self.runtime, self.settings.image):
-                return warm
+            self._settle.set()
+
+    def settled(self, sandbox_id: str) -> None:
+        """The run that took `sandbox_id` has ended (its container removed) or has
+        failed to start: its refill need not wait any more."""
+        with self._holds_lock:
+            self._holds.pop(sandbox_id, None)
+        self._settle.set()
 
     def wait_full(self, timeout: float) -> bool:
         """Until the pool holds its N (a test's, a bench's wait); whether it does."""
@@ -181,6 +214,7 @@ class WarmPool:
         """Stop the thread, then remove every idle sandbox of the pool."""
         self._stop.set()
         self._wake.set()
+        self._settle.set()
         if self._thread is not None:
             self._thread.join(120)
             self._thread = None
@@ -196,6 +230,7 @@ class WarmPool:
         reaped = False
         while not self._stop.is_set():
             self._wake.clear()
+            self._wait_for_takers()
             try:  # the engine may be down or come back: every step is retried next pass
                 if not reaped:
                     self._image()
@@ -206,6 +241,25 @@ class WarmPool:
             except Exception as exc:
                 log.warning("warm pool: %s", exc)
             self._clock.wait(self._wake, self._interval)
+
+    def _wait_for_takers(self) -> None:
+        """Until every run that took a sandbox has settled, or its hold has passed."""
+        while not self._stop.is_set():
+            with self._holds_lock:
+                left = self._held()
+                self._settle.clear()
+            if left <= 0:
+                return
+            self._clock.wait(self._settle, left)
+
+    def _held(self) -> float:
+        """For how much longer a taker's run holds the refill (0: none does)."""
+        with self._holds_lock:
+            if self._taking:
+                return self._hold  # until the take returns (it sets _settle)
+            now = self._clock.monotonic()
+            self._holds = {k: until for k, until in self._holds.items() if until > now}
+            return max(self._holds.values(), default=now) - now
 
     def _image(self) -> None:
         """The default image, built when missing (as `broker run` builds it)."""
@@ -218,7 +272,7 @@ class WarmPool:
         """One pass: sweep what must go, then create up to N (stopping when closed)."""
         with self._lock:
             self.sweep()
-            while len(self.idle()) < self.size and not self._stop.is_set():
+            while len(self.idle()) < self.size and not self._stop.is_set() and not self._held():
                 create(
                     self.runtime,
                     self.state_dir,

@@ -23,7 +23,7 @@ from broker.errors import ConfigError, SandboxError
 from broker.hosting import warm
 from broker.hosting.runtimes.docker import DockerRuntime
 from broker.hosting.runtimes.engine import EngineClient, engine_socket
-from broker.hosting.warm_keeper import WarmPool
+from broker.hosting.warm_keeper import REFILL_HOLD_S, WarmPool
 from broker.testing import BrokerHarness, FakeHandler
 from tests.support import eventually
 
@@ -48,9 +48,9 @@ def make_pool(runtime: DockerRuntime, tmp_path: Path) -> Iterator[MakePool]:
     """Pools on one state dir (not started unless the test starts them); closed after."""
     made: list[WarmPool] = []
 
-    def make(size: int = 2, **sandbox: Any) -> WarmPool:
+    def make(size: int = 2, hold: float = REFILL_HOLD_S, **sandbox: Any) -> WarmPool:
         cfg = config_for(tmp_path / "state", **sandbox)
-        pool = WarmPool(runtime, cfg.state_dir, warm.settings(cfg, "docker"), size)
+        pool = WarmPool(runtime, cfg.state_dir, warm.settings(cfg, "docker"), size, hold=hold)
         made.append(pool)
         return pool
 
@@ -148,6 +148,27 @@ def test_the_keeper_refills_after_a_take(make_pool: MakePool, runtime: DockerRun
     assert taken.sandbox_id not in {p.name for p in pool.idle()}
     code, _ = run_to_end(runtime, warm.launch(taken, ["true"], runtime))
     assert code == 0
+
+
+def test_the_refill_waits_for_the_run_that_took_one_to_settle(
+    make_pool: MakePool, runtime: DockerRuntime, engine: docker.DockerClient
+) -> None:
+    """While a taken sandbox's run starts and ends, the keeper creates nothing (its
+    create and start would share the engine with that run); once the run has settled,
+    it refills. (Without a settle, the refill comes REFILL_HOLD_S after the take: the
+    test above.)"""
+    pool = make_pool(1, hold=120)
+    pool.start()
+    assert pool.wait_full(60)
+    taken = pool.take()
+    assert taken is not None
+    handle = warm.launch(taken, ["sleep", "1"], runtime)
+    assert not pool.wait_full(1.5)  # the run is going on, and for 120 s it may
+    assert [c.name for c in warm_containers(engine, pool.key)] == [f"broker-{taken.sandbox_id}"]
+    assert run_to_end(runtime, handle)[0] == 0
+    pool.settled(taken.sandbox_id)
+    assert pool.wait_full(60)
+    assert taken.sandbox_id not in {p.name for p in pool.idle()}
 
 
 def test_a_keeper_started_before_the_engine_answers_fills_once_it_does(
