@@ -12,10 +12,9 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from broker.config import Config
 from broker.errors import SandboxError
@@ -35,8 +34,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("broker.run")
 
 
-@dataclass
-class RunOptions:
+class RunOptions(NamedTuple):
+    """How one `broker run` goes (a NamedTuple: broker.hosting.runtimes.spec says why)."""
+
     command: Sequence[str]
     image: str | None = None
     name: str | None = None
@@ -107,7 +107,7 @@ def _run(config: Config, checked: Checked, options: RunOptions, runtime: Runtime
     )
     starting.start()  # a broker is built, if at all, while the engine runs the container
     try:
-        code = _attached(start, sandbox_id, image, options, life)
+        code = _attached(start, sandbox_id, image, options, life, serving.exited)
     finally:
         serving.exited()
         starting.join()
@@ -186,9 +186,17 @@ class _Life:
 
 
 def _attached(
-    start: Callable[[], Handle], sandbox_id: str, image: str, options: RunOptions, life: _Life
+    start: Callable[[], Handle],
+    sandbox_id: str,
+    image: str,
+    options: RunOptions,
+    life: _Life,
+    exited: Callable[[], None],
 ) -> int:
-    """Run the container to its end, its output streamed; it is removed in every case."""
+    """Run the container to its end, its output streamed; it is removed in every case.
+    `exited` is called as soon as its processes are gone (nothing more can be written
+    into its outbox), so the serving side winds down while its output ends and the
+    engine removes it."""
     container: Handle | None = None
     runtime = life.runtime
     try:
@@ -200,6 +208,7 @@ def _attached(
         )
         output.start()
         outcome = container.wait()
+        exited()
         output.join(5)
         return int(outcome.get("StatusCode", 1))
     finally:

@@ -28,7 +28,7 @@ import os
 import shlex
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +88,7 @@ class Settings:
     @property
     def key(self) -> str:
         blob = json.dumps(
-            [self.runtime, self.image, asdict(self.limits), dict(self.env), dict(self.extra)],
+            [self.runtime, self.image, self.limits._asdict(), dict(self.env), dict(self.extra)],
             sort_keys=True,
         )
         return "k" + hashlib.sha256(blob.encode()).hexdigest()[:15]

@@ -84,7 +84,7 @@ def create(
         )
         entrypoint = runtime.image_entrypoint(found.image)
         image_id = runtime.image_id(found.image) or ""  # (rebuilt later: this one is stale)
-        handle = runtime.start(replace(spec, entrypoint=("/bin/sh",)))
+        handle = runtime.start(spec._replace(entrypoint=("/bin/sh",)))
     except BaseException:
         _rmtree(paths.root)
         raise

@@ -7,7 +7,6 @@ why; under CI an absent Docker or Podman fails them.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import os
@@ -206,9 +205,7 @@ class LimitsWaived(PodmanRuntime):
         seen = super().observe(container)
         assert self.asked is not None and (seen.pids, seen.memory) == (0, 0)
         limits = self.asked.limits
-        return dataclasses.replace(
-            seen, pids=limits.pids, memory=self.asked.memory, nano_cpus=limits.nano_cpus
-        )
+        return seen._replace(pids=limits.pids, memory=self.asked.memory, nano_cpus=limits.nano_cpus)
 
 
 def rootless_usable(runtime: Runtime) -> Runtime:

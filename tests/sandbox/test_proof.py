@@ -60,7 +60,7 @@ def test_a_container_showing_every_property_is_proven() -> None:
 )
 def test_a_contradicted_property_is_named(change: dict[str, Any], said: str) -> None:
     """Each property shown wrong is named in the refusal."""
-    seen = Observed(**{**GOOD.__dict__, **change})
+    seen = Observed(**{**GOOD._asdict(), **change})
 
     with pytest.raises(SandboxError, match="did not prove its hardening") as caught:
         prove(SPEC, seen, "test")
@@ -70,7 +70,7 @@ def test_a_contradicted_property_is_named(change: dict[str, Any], said: str) -> 
 
 def test_a_property_the_runtime_cannot_show_is_a_refusal() -> None:
     """A property the inspect does not report (None) is not assumed to hold."""
-    seen = Observed(**{**GOOD.__dict__, "read_only_root": None})
+    seen = Observed(**{**GOOD._asdict(), "read_only_root": None})
 
     with pytest.raises(SandboxError, match="read-only root: test cannot prove it"):
         prove(SPEC, seen, "test")

@@ -11,8 +11,7 @@ that skips limits): only what the engine reports afterwards counts.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from broker.errors import SandboxError
 from broker.hosting.runtimes.spec import SandboxSpec
@@ -20,8 +19,7 @@ from broker.hosting.runtimes.spec import SandboxSpec
 __all__ = ["PROPERTIES", "Observed", "prove"]
 
 
-@dataclass(frozen=True)
-class Observed:
+class Observed(NamedTuple):
     """What a runtime reports of a created container; None where it cannot tell."""
 
     network: str | None = None
