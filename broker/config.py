@@ -2,15 +2,21 @@
 
 Secrets are always references (`*_env`, `*_file`), resolved here and nowhere else;
 every resolved value is remembered so that anything written can be redacted.
+
+Config and Limits are NamedTuples, not dataclasses (as are the records they hold): every
+`broker run` loads them before its container is created, and the dataclasses module
+and the code each frozen dataclass generates cost ~15 ms of every cold start. A
+changed copy is `cfg._replace(...)`; a mapping left out is one shared, read-only
+empty mapping.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from broker import fleet
 from broker.errors import ConfigError
@@ -42,8 +48,7 @@ BROKER_KEYS = {
 }
 
 
-@dataclass(frozen=True)
-class Limits:
+class Limits(NamedTuple):
     """Bounds on what a sandbox may hand the broker."""
 
     max_request_bytes: int = 1 * MiB
@@ -53,34 +58,43 @@ class Limits:
     max_pending_per_sandbox: int = 100
 
 
-@dataclass(frozen=True)
-class Config:
-    """Everything the broker reads from the host before it serves."""
+NONE: Mapping[str, Any] = MappingProxyType({})
+"""A table broker.toml leaves out: one, shared, that nothing can change."""
+
+DEFAULT_LIMITS = Limits()
+
+
+class _Fields(NamedTuple):
+    """Config's fields (Config itself adds a cache, which a NamedTuple cannot hold)."""
 
     state_dir: Path
     policy_path: Path | None = None
-    limits: Limits = field(default_factory=Limits)
-    integrations: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    sandbox: Mapping[str, Any] = field(default_factory=dict)
-    notify: Mapping[str, Any] = field(default_factory=dict)
-    web: Mapping[str, Any] = field(default_factory=dict)
-    approvers: Mapping[str, Any] = field(default_factory=dict)
+    limits: Limits = DEFAULT_LIMITS
+    integrations: Mapping[str, Mapping[str, Any]] = NONE
+    sandbox: Mapping[str, Any] = NONE
+    notify: Mapping[str, Any] = NONE
+    web: Mapping[str, Any] = NONE
+    approvers: Mapping[str, Any] = NONE
     metrics: Mapping[str, Any] | None = (
         None  # [metrics]: on when present (broker.observability.telemetry)
     )
     tracing: Mapping[str, Any] | None = None  # [tracing]: on when present
-    audit: Mapping[str, Any] = field(default_factory=dict)  # the audit key, checkpoints
-    repositories_table: Mapping[str, Any] = field(default_factory=dict)  # [repositories.*]
-    credentials: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # minting
+    audit: Mapping[str, Any] = NONE  # the audit key, checkpoints
+    repositories_table: Mapping[str, Any] = NONE  # [repositories.*]
+    credentials: Mapping[str, Mapping[str, Any]] = NONE  # minting
     rescan_interval_s: float = 30.0
     preview_timeout_s: float = 30.0  # a handler's assessment or preview, off the loop
     allow_as: bool = False
     source: Path | None = None
     ledger_url: str | None = None  # postgresql://… (shared by a fleet); None: SQLite
-    ledger_refs: Mapping[str, Any] = field(default_factory=dict)  # ledger_password_env|file
+    ledger_refs: Mapping[str, Any] = NONE  # ledger_password_env|file
     host_id_setting: str | None = None  # [broker] host_id; else derived, kept in the state dir
     staged: Staged = OFF  # [broker] staged: which effects are staged (broker.staged)
     log_format: str = "text"  # [broker] log_format: text | json (serve's and run's log)
+
+
+class Config(_Fields):
+    """Everything the broker reads from the host before it serves."""
 
     @property
     def shared_ledger(self) -> bool:
@@ -331,13 +345,15 @@ def ledger_url(section: Mapping[str, Any]) -> str | None:
 def _limits(section: Mapping[str, Any]) -> Limits:
     """[broker]'s bounds on what a sandbox may hand the broker."""
     return Limits(
-        max_request_bytes=_positive_int(section, "max_request_bytes", Limits.max_request_bytes),
-        max_depth=_positive_int(section, "max_depth", Limits.max_depth),
+        max_request_bytes=_positive_int(
+            section, "max_request_bytes", DEFAULT_LIMITS.max_request_bytes
+        ),
+        max_depth=_positive_int(section, "max_depth", DEFAULT_LIMITS.max_depth),
         max_attachment_bytes=_positive_int(
-            section, "max_attachment_bytes", Limits.max_attachment_bytes
+            section, "max_attachment_bytes", DEFAULT_LIMITS.max_attachment_bytes
         ),
         attachment_grace_s=_duration(section.get("attachment_grace", "5m"), "attachment_grace"),
         max_pending_per_sandbox=_positive_int(
-            section, "max_pending_per_sandbox", Limits.max_pending_per_sandbox
+            section, "max_pending_per_sandbox", DEFAULT_LIMITS.max_pending_per_sandbox
         ),
     )

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from broker.errors import ConfigError
 from broker.settings import only_keys
@@ -30,8 +29,7 @@ KEYS = frozenset({"github", "git_remotes", "protected_paths"})
 LEGACY = ("git", "github")  # integrations whose own protected_paths apply to every repository
 
 
-@dataclass(frozen=True)
-class Repository:
+class Repository(NamedTuple):
     """One `[repositories.NAME]` table, checked."""
 
     name: str
@@ -40,8 +38,7 @@ class Repository:
     protected: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class Repositories:
+class Repositories(NamedTuple):
     """Every repository the host names, and the paths protected in each."""
 
     tables: tuple[Repository, ...] = ()

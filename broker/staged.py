@@ -15,9 +15,8 @@ A request staged stays staged: turning staged mode off later changes nothing abo
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from broker.errors import ConfigError
 
@@ -29,8 +28,7 @@ __all__ = ["EVERY", "OFF", "Staged", "output", "reason"]
 KEY = "broker.staged"
 
 
-@dataclass(frozen=True)
-class Staged:
+class Staged(NamedTuple):
     """Which effects are staged: globs on effect names (`*` for every effect)."""
 
     globs: tuple[str, ...] = ()

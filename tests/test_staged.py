@@ -5,7 +5,6 @@ its real server: tests/effects/test_staged.py; the web inbox: tests/web/test_sta
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import threading
 from pathlib import Path
@@ -131,7 +130,7 @@ def test_a_preview_that_breaks_or_times_out_gives_the_no_preview_card(tmp_path: 
     """The card says why there is no preview; the request is staged, never applied."""
     slow = SlowPreview()
     h = harness(tmp_path / "h", slow)
-    h.config = dataclasses.replace(h.config, preview_timeout_s=0.5)
+    h.config = h.config._replace(preview_timeout_s=0.5)
     with h:
         late = h.submit(h.request("test.slow", {"value": "late"}), timeout=15)
         slow.broken = True
@@ -172,7 +171,7 @@ def test_a_key_replays_staged_while_staged_and_applies_once_after(tmp_path: Path
         again = h.submit(h.request("test.record", {"value": "v"}, idempotency_key="k1"))
     staged(first, "auto", "default")
     assert again["status"] == "staged" and again.get("replayed") is True
-    h.config = dataclasses.replace(h.config, staged=Staged())
+    h.config = h.config._replace(staged=Staged())
     with h:
         real = h.submit(h.request("test.record", {"value": "v"}, idempotency_key="k1"))
         replay = h.submit(h.request("test.record", {"value": "v"}, idempotency_key="k1"))
@@ -213,7 +212,7 @@ def test_staged_results_stay_staged_after_a_restart_without_staged_mode(tmp_path
     with h:
         result = h.submit(h.request("test.record", {"value": "plain"}))
     (h.results / f"{result['id']}.json").unlink()  # lost, as after a power cut
-    h.config = dataclasses.replace(h.config, staged=Staged())
+    h.config = h.config._replace(staged=Staged())
     with h:
         back = h.wait(result["id"])
     assert back["status"] == "staged" and back["output"] == result["output"]

@@ -3,7 +3,6 @@ one sandbox until it exits, has a light path of its own: broker.cli.run)."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -82,7 +81,7 @@ def serve(
         if staged:
             from broker.staged import EVERY
 
-            d.cfg = dataclasses.replace(d.cfg, staged=EVERY)
+            d.cfg = d.cfg._replace(staged=EVERY)
         broker, cards = guarded(lambda: _broker(d, outbox, results, sandbox, root, claim))
         from broker.hosting.warm_keeper import keeper_for
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ def test_decision_taken_while_the_broker_starts_is_applied_promptly(
     h = BrokerHarness(
         tmp_path / "h", handlers=[FakeHandler("test.record")], policy=GATE, builtins=False
     )
-    h.config = dataclasses.replace(h.config, rescan_interval_s=3600.0)
+    h.config = h.config._replace(rescan_interval_s=3600.0)
     with h:
         doc = h.request("test.record", {"value": "approve me"})
         assert h.submit(doc, terminal=False)["status"] == "pending"

@@ -6,7 +6,6 @@ reached it exactly once."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import time
@@ -122,8 +121,7 @@ def test_postgresql_gone_between_the_lock_and_the_first_read_is_waited_out(
         pg_server.stop("fast")
 
     h = BrokerHarness(tmp_path / "h", handlers=[fake], prepare=gone_after_the_lock)
-    h.config = dataclasses.replace(
-        h.config,
+    h.config = h.config._replace(
         ledger_url=pg_url,
         ledger_refs={"ledger_password_file": str(secret)},
         host_id_setting="alpha",

@@ -3,7 +3,6 @@ outbox when the kernel's event queue overflows or the watcher itself breaks."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 import time
@@ -25,7 +24,7 @@ HOUR = 3600.0
 def quiet_harness(tmp_path: Path) -> Iterator[BrokerHarness]:
     """An attach-mode broker (not started) whose periodic rescan is an hour away."""
     h = BrokerHarness(tmp_path / "h", handlers=[FakeHandler("test.record")], builtins=False)
-    h.config = dataclasses.replace(h.config, rescan_interval_s=HOUR)
+    h.config = h.config._replace(rescan_interval_s=HOUR)
     yield h
     h.stop()
 

@@ -63,7 +63,7 @@ def host(tmp_path: Path) -> Iterator[Host]:
     exported.parent.mkdir()
     audit = {"key_file": str(key_file), "checkpoint_file": str(exported), "checkpoint_every": 2}
     h = BrokerHarness(tmp_path / "h", handlers=[FakeHandler()])
-    h.config = dataclasses.replace(h.config, audit=audit)
+    h.config = h.config._replace(audit=audit)
     (h.state / "broker.toml").write_text(
         f'[audit]\nkey_file = "{key_file}"\ncheckpoint_file = "{exported}"\n'
     )
@@ -215,7 +215,7 @@ def test_checkpoints_reach_syslog_and_a_webhook(tmp_path: Path) -> None:
         "checkpoint_webhook": f"http://127.0.0.1:{web.server_address[1]}/cp",
     }
     h = BrokerHarness(tmp_path / "h", handlers=[FakeHandler()])
-    h.config = dataclasses.replace(h.config, audit=audit)
+    h.config = h.config._replace(audit=audit)
     try:
         with h:
             assert h.submit(h.request("test.record", {"value": 1}))["status"] == "applied"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -143,8 +143,7 @@ def csrf_of(html: str) -> str:
 
 def app_for(h: BrokerHarness) -> FastAPI:
     """The web app over `h`'s state dir, with alice and bob as approvers."""
-    config = replace(
-        h.config,
+    config = h.config._replace(
         approvers={name: {"token_sha256": hash_token(t)} for name, t in TOKENS.items()},
     )
     return create_app(config, h.registry)

@@ -13,7 +13,7 @@ import hashlib
 import hmac
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -101,7 +101,7 @@ def web(
         FakeHandler("test.strong"),
     ]
     with BrokerHarness(tmp_path / "h", handlers=handlers, policy=POLICY) as h:
-        config = replace(h.config, approvers=APPROVERS, web={"oidc": oidc_table(issuer)})
+        config = h.config._replace(approvers=APPROVERS, web={"oidc": oidc_table(issuer)})
         app = create_app(config, h.registry)
         switch, server = served
         switch.app = app

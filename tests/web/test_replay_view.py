@@ -167,12 +167,11 @@ def test_the_form_starts_from_the_current_policy_and_diffs_the_pasted_one(
     web: Web, served: Any, tmp_path: Any
 ) -> None:
     """The form holds the policy the broker serves; a pasted one is shown as a diff of it."""
-    from dataclasses import replace
 
     current = tmp_path / "policy.toml"
     current.write_text('[[rules]]\neffect = "test.record"\naction = "approve"\n', "utf-8")
     inbox = served[0].app.state.inbox
-    inbox.config = replace(inbox.config, policy_path=current)
+    inbox.config = inbox.config._replace(policy_path=current)
     browser = web.browser()
     form = browser.get("/history/replay").text
     assert "effect = &#34;test.record&#34;\naction = &#34;approve&#34;" in form

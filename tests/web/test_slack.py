@@ -11,7 +11,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -288,8 +288,7 @@ def stack(
         FakeHandler("test.pair"),
     ]
     with BrokerHarness(tmp_path / "h", handlers=handlers, policy=POLICY, builtins=False) as h:
-        config = replace(
-            h.config,
+        config = h.config._replace(
             notify={"inbox_url": INBOX, "slack": slack_table(slack)},
             approvers={
                 "alice": {"token_sha256": hash_token(TOKENS["alice"]), "slack_user": ALICE},

@@ -7,7 +7,6 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ from tests.web.conftest import RECORD_REASON, Switch, Web, _harness, _plugged
 def staged_web(tmp_path: Path, exports: Path, served: tuple[Switch, WebServer]) -> Iterator[Web]:
     """A broker staging every effect, and its web inbox."""
     h = _harness(tmp_path, exports)
-    h.config = replace(h.config, staged=EVERY)
+    h.config = h.config._replace(staged=EVERY)
     with h:
         yield from _plugged(h, served)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +145,7 @@ def serving(
             credentials=credentials,
             clock=FakeClock(),
         )
-        config = replace(harness.config, approvers=APPROVERS, repositories_table=repositories or {})
+        config = harness.config._replace(approvers=APPROVERS, repositories_table=repositories or {})
         attached: list[PrCards] = []
 
         def prepare(broker: Any) -> None:
