@@ -82,7 +82,8 @@ class Serving:
             self.engaged = True
 
     def exited(self) -> None:
-        """The sandbox's container is gone: what is in its outbox is all it will write."""
+        """The sandbox's processes have exited (its container may still be being
+        removed): what is in its outbox is all it will write."""
         self._exited.set()
         self._nudge.set()
 
