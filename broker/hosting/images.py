@@ -8,10 +8,13 @@ Docker's own exceptions stop here: what callers see is :class:`SandboxError`.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import socket
-from collections.abc import Callable, Mapping
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,6 +34,7 @@ __all__ = [
     "current",
     "engine",
     "ensure_image",
+    "one_build_at_a_time",
 ]
 
 IMAGE_LABEL = "io.sandbox-broker.image-digest"
@@ -92,12 +96,20 @@ def ensure_image(
 ) -> str:
     """Make sure the agent image ``tag`` exists and matches ``sandbox_images/``; return the tag.
 
-    An image built from the same sources is reused unless ``force``. The base is
+    An image built from the same sources is reused unless ``force``. One build at a
+    time on this machine: two `broker run`s or test workers starting together would
+    each build, and the later tag would make the earlier image, and the warm
+    containers made from it, stale. The base is
     ``base`` when given; otherwise the first that works of: python:3.12-slim or
     broker-base:bookworm already on the engine, python:3.12-slim pulled (giving up
     after PULL_TIMEOUT silent seconds), broker-base:bookworm built from Debian
     packages by ``sandbox_images/build-base.sh`` (root, about a minute).
     """
+    with one_build_at_a_time("docker"):
+        return _ensure(client, tag, base, force, log)
+
+
+def _ensure(client: docker.DockerClient, tag: str, base: str | None, force: bool, log: Log) -> str:
     import docker.errors
 
     digest = sources_digest()
@@ -120,6 +132,18 @@ def ensure_image(
     if previous is not None and previous.id is not None:
         _remove_if_untagged(client, previous.id)
     return tag
+
+
+@contextmanager
+def one_build_at_a_time(engine: str) -> Iterator[None]:
+    """Hold this user's build lock for ``engine`` (a lock file in the temp dir)."""
+    path = Path(tempfile.gettempdir()) / f"sandbox-broker-{engine}-image-{os.getuid()}.lock"
+    with path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _build(client: docker.DockerClient, tag: str, base: str, digest: str, force: bool) -> None:

@@ -9,13 +9,10 @@ store is its own: an image built by root is not there, so it is built again for 
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import subprocess
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from broker.clock import REAL
@@ -36,19 +33,8 @@ def ensure_image(podman: Podman, tag: str, *, force: bool = False, log: Log = pr
 
     One build at a time on this machine (a lock file in the temp dir): two `broker run`s
     or test workers starting together would each debootstrap a base otherwise."""
-    with _one_at_a_time():
+    with images.one_build_at_a_time("podman"):
         return _ensure(podman, tag, force, log)
-
-
-@contextmanager
-def _one_at_a_time() -> Iterator[None]:
-    path = Path(tempfile.gettempdir()) / f"sandbox-broker-podman-image-{os.getuid()}.lock"
-    with path.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _ensure(podman: Podman, tag: str, force: bool, log: Log) -> str:
