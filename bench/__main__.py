@@ -175,7 +175,7 @@ def _others(
     if "agents" in want:
         from bench import agents
 
-        # quick: one timed start each (every AutoGen executor's stop waits on Docker)
+        # quick: one timed start each, and fewer blocks and calls
         blocks, calls, starts = (10, 50, 1) if args.quick else (50, 300, 3)
         with run.round("agents", own_known=False):
             run.add("mcp", {"call_s": agents.mcp_calls(cells.base, calls)})
