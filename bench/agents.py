@@ -2,8 +2,9 @@
 (an auto rule) beside the same block through AutoGen's DockerCommandLineCodeExecutor on
 the same image, and an MCP tools/call of bench.noop through `outbox mcp`.
 
-Both executors run in this process, one after the other, on the agent image; start-up is
-timed apart from the blocks. The MCP server is the in-sandbox client as a host process
+Both executors run in this process on the agent image, alternating start by start and
+block by block, so that one round holds their ratio; start-up is timed apart from the
+blocks. The MCP server is the in-sandbox client as a host process
 (attach mode) on a broker in a thread with bench.noop registered.
 """
 
@@ -29,7 +30,8 @@ AUTO = '[[rules]]\neffect = "code.execute"\naction = "auto"\nreason = "bench"\n'
 
 def executors(blocks: int, starts: int = 3) -> dict[str, Any]:
     """Start-up seconds (each executor started `starts` times after one warm-up start,
-    which pays this process's first imports) and per-block seconds of both."""
+    which pays this process's first imports) and per-block seconds of both, the two
+    alternating start by start and block by block (which goes first alternates too)."""
     import docker.errors
     from autogen_core import CancellationToken
     from autogen_core.code_executor import CodeBlock
@@ -53,40 +55,54 @@ def executors(blocks: int, starts: int = 3) -> dict[str, Any]:
                 engine.containers.get(executor.container_name).kill()
         await executor.stop()
 
-    async def timed(make: Any) -> tuple[list[float], list[float]]:
-        started = []
-        for n in range(starts + 1):
-            executor = make()
-            t0 = time.perf_counter()
-            await executor.start()
-            if n:
-                started.append(time.perf_counter() - t0)
-            if n < starts:
-                await stop(executor)
-        each = []
-        try:
-            for _ in range(blocks):
-                t = time.perf_counter()
-                done = await executor.execute_code_blocks(
-                    [CodeBlock(BLOCK, "python")], CancellationToken()
-                )
-                each.append(time.perf_counter() - t)
-                assert done.exit_code == 0 and done.output.strip() == "42", done.output
-        finally:
-            await stop(executor)
-        return started, each
-
-    ours = asyncio.run(timed(lambda: SandboxCodeExecutor(config)))
     work = base / "autogen"
     work.mkdir()
     os.chmod(work, 0o777)  # AutoGen's container runs as the image's uid 10001
-    theirs = asyncio.run(timed(lambda: DockerCommandLineCodeExecutor(image=image, work_dir=work)))
+    makers = (
+        lambda: SandboxCodeExecutor(config),
+        lambda: DockerCommandLineCodeExecutor(image=image, work_dir=work),
+    )
+
+    def order(n: int) -> tuple[int, int]:  # ours first in even turns, theirs in odd
+        return (0, 1) if n % 2 == 0 else (1, 0)
+
+    async def both() -> tuple[tuple[list[float], list[float]], tuple[list[float], list[float]]]:
+        started: tuple[list[float], list[float]] = ([], [])
+        each: tuple[list[float], list[float]] = ([], [])
+        running: list[Any] = [None, None]
+        try:
+            for n in range(starts + 1):
+                for side in order(n):
+                    executor = makers[side]()
+                    t0 = time.perf_counter()
+                    await executor.start()
+                    if n:
+                        started[side].append(time.perf_counter() - t0)
+                    if n < starts:
+                        await stop(executor)
+                    else:
+                        running[side] = executor
+            for i in range(blocks):
+                for side in order(i):
+                    t = time.perf_counter()
+                    done = await running[side].execute_code_blocks(
+                        [CodeBlock(BLOCK, "python")], CancellationToken()
+                    )
+                    each[side].append(time.perf_counter() - t)
+                    assert done.exit_code == 0 and done.output.strip() == "42", done.output
+        finally:
+            for executor in running:
+                if executor is not None:
+                    await stop(executor)
+        return started, each
+
+    (ours_start, theirs_start), (ours_block, theirs_block) = asyncio.run(both())
     engine.close()
     return {
-        "ours_start_s": ours[0],
-        "ours_block_s": ours[1],
-        "autogen_start_s": theirs[0],
-        "autogen_block_s": theirs[1],
+        "ours_start_s": ours_start,
+        "ours_block_s": ours_block,
+        "autogen_start_s": theirs_start,
+        "autogen_block_s": theirs_block,
     }
 
 
