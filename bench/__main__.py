@@ -180,7 +180,7 @@ def _others(
         with run.round("agents", own_known=False):
             run.add("mcp", {"call_s": agents.mcp_calls(cells.base, calls)})
             if not cases.docker_ready():
-                found = agents.executors(blocks, starts)
+                found = agents.executors(cells.base, blocks, starts)
                 run.add("executors", found)
                 run.add("agents", agents.ratios(found))
         _say("agents done")

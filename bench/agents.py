@@ -28,7 +28,7 @@ BLOCK = "print(6 * 7)\n"
 AUTO = '[[rules]]\neffect = "code.execute"\naction = "auto"\nreason = "bench"\n'
 
 
-def executors(blocks: int, starts: int = 3) -> dict[str, Any]:
+def executors(cells: Path, blocks: int, starts: int = 3) -> dict[str, Any]:
     """Start-up seconds (each executor started `starts` times after one warm-up start,
     which pays this process's first imports) and per-block seconds of both, the two
     alternating start by start and block by block (which goes first alternates too)."""
@@ -40,7 +40,7 @@ def executors(blocks: int, starts: int = 3) -> dict[str, Any]:
     from broker.hosting import images, sandbox
     from broker.integrations.autogen import SandboxCodeExecutor
 
-    base = Path(tempfile.mkdtemp(prefix="bench-agents-"))
+    base = Path(tempfile.mkdtemp(prefix="agents-", dir=cells))
     (base / "policy.toml").write_text(AUTO)
     config = base / "broker.toml"
     config.write_text('[broker]\nstate_dir = "state"\npolicy = "policy.toml"\n')

@@ -46,12 +46,13 @@ and whatever the run adds (a round)."""
 
 
 def _apply(
-    handler: Any, integration: str, settings: dict[str, Any], **kw: Any
+    base: Path, handler: Any, integration: str, settings: dict[str, Any], **kw: Any
 ) -> Callable[..., None]:
-    """One apply of `handler` with a fresh Context per call, its grants closed after."""
+    """One apply of `handler` with a fresh Context per call, its grants closed after;
+    its state dir under the run's `base`."""
     from broker.testing import make_context
 
-    state = Path(tempfile.mkdtemp(prefix="bench-creds-"))
+    state = Path(tempfile.mkdtemp(prefix="state-", dir=base))
 
     def once(params: dict[str, Any], i: int) -> None:
         rid = f"r{i}"
@@ -88,9 +89,9 @@ def _github(base: Path) -> Iterator[dict[str, Any]]:
         common = {"base_url": fake.url, "repos": ["acme/*"]}
         handler = IssueCreate()
         yield {
-            "static": _apply(handler, "github", {**common, "token_env": "BENCH_GH_TOKEN"}),
+            "static": _apply(base, handler, "github", {**common, "token_env": "BENCH_GH_TOKEN"}),
             "minted": _apply(
-                handler, "github", {**common, "credential": "app"}, credentials={"app": app}
+                base, handler, "github", {**common, "credential": "app"}, credentials={"app": app}
             ),
             "params": lambda i: {"repo": "acme/api", "title": f"bench {i}"},
             "provider": ("github_app", app),
@@ -132,9 +133,9 @@ def _s3(base: Path) -> Iterator[dict[str, Any]]:
         }
         handler = PutObject()
         yield {
-            "static": _apply(handler, "s3", {**common, **keys}),
+            "static": _apply(base, handler, "s3", {**common, **keys}),
             "minted": _apply(
-                handler, "s3", {**common, "credential": "sts"}, credentials={"sts": sts}
+                base, handler, "s3", {**common, "credential": "sts"}, credentials={"sts": sts}
             ),
             "params": lambda i: {"bucket": "bench", "key": f"k{i}.txt", "body": "x"},
             "provider": ("aws_sts", sts),
@@ -182,8 +183,9 @@ def _openbao(base: Path) -> Iterator[dict[str, Any]]:
         handler = HttpRequest()
         table = bao.table(url)
         yield {
-            "static": _apply(handler, "http", settings({"value_env": "BENCH_HTTP"})),
+            "static": _apply(base, handler, "http", settings({"value_env": "BENCH_HTTP"})),
             "minted": _apply(
+                base,
                 handler,
                 "http",
                 {**settings({"value_kv": "bench/http#token"}), "credential": "bao"},

@@ -54,6 +54,22 @@ from effects.base import Context
 __all__ = ["BrokerHarness", "FakeClock", "FakeHandler", "make_context"]
 
 
+_scratch: list[Path] = []  # the one per-process parent of make_context's own state dirs
+
+
+def _scratch_dir() -> Path:
+    """A new dir under this process's scratch dir, which is removed at exit (every
+    test that made a context without a state dir had left one in the temp dir)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    if not _scratch:
+        _scratch.append(Path(tempfile.mkdtemp(prefix="broker-ctx-")))
+        atexit.register(shutil.rmtree, _scratch[0], ignore_errors=True)
+    return Path(tempfile.mkdtemp(dir=_scratch[0]))
+
+
 def make_context(
     settings: Mapping[str, Any] | None = None,
     *,
@@ -71,7 +87,8 @@ def make_context(
 ) -> Context:
     """A real Context, built the way the broker builds one for a recorded request.
 
-    `settings` is `[integrations.<integration>]`; its secret references (`*_env`,
+    `settings` is `[integrations.<integration>]`; `state_dir` defaults to a new
+    directory, removed when the process exits. Its secret references (`*_env`,
     `*_file`, files relative to `config_dir`) resolve as they do on the host, unless
     `secrets` gives the values by key. `request_sha256` defaults to the sha256 of the
     request the context describes. Pass the same `memo` to the preview's and the
@@ -80,9 +97,7 @@ def make_context(
     the settings name (`credential = "NAME"`) mints through `ctx.credential`; close
     `ctx.grants` after the call to revoke what it minted, as the broker does.
     """
-    import tempfile
-
-    state = state_dir or Path(tempfile.mkdtemp(prefix="broker-ctx-"))
+    state = state_dir or _scratch_dir()
     config = Config(
         state_dir=state,
         integrations={integration: dict(settings or {})},
