@@ -96,8 +96,10 @@ def executors(cells: Path, blocks: int, starts: int = 3) -> dict[str, Any]:
                     await stop(executor)
         return started, each
 
-    (ours_start, theirs_start), (ours_block, theirs_block) = asyncio.run(both())
-    engine.close()
+    try:
+        (ours_start, theirs_start), (ours_block, theirs_block) = asyncio.run(both())
+    finally:
+        engine.close()
     return {
         "ours_start_s": ours_start,
         "ours_block_s": ours_block,
