@@ -307,7 +307,9 @@ def idle(cells: Cells, counts: tuple[int, ...], window: float) -> dict[int, dict
         for count, server in servers.items():
             used = server.cpu_seconds() - before[count]
             out[count] = {
-                "cpu_s_per_min": used * 60.0 / window,
+                # rounded: CPU time comes in clock ticks, and 5 ticks in 30 s is
+                # 0.1/min, not 0.09999999999999996
+                "cpu_s_per_min": round(used * 60.0 / window, 6),
                 "window_s": window,
                 **server.memory(),
             }

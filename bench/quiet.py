@@ -143,10 +143,12 @@ def decide(
     *,
     at_most: bool = True,
     need: int | None = None,
+    strict: bool = False,
 ) -> Outcome:
-    """Met, missed or inconclusive for `value ≤ limit` (or ≥ when `at_most` is False),
-    from the per-round values of the quiet rounds only. The quiet rounds must agree:
-    when some meet the limit and others miss it, the outcome is inconclusive."""
+    """Met, missed or inconclusive for `value ≤ limit` (or ≥ when `at_most` is False;
+    < or > when `strict`), from the per-round values of the quiet rounds only. The quiet
+    rounds must agree: when some meet the limit and others miss it, the outcome is
+    inconclusive."""
     rounds = len(quiet)
     used = tuple(sorted(r for r, v in by_round.items() if quiet.get(r) and v == v))
     values = tuple(by_round[r] for r in used)
@@ -156,7 +158,10 @@ def decide(
         note = f"{len(used)} quiet round{'s' if len(used) != 1 else ''}, {want} needed"
         return Outcome("inconclusive", value, used, rounds, values, note)
     value = statistics.median(values)
-    passes = [v <= limit if at_most else v >= limit for v in values]
+    if strict:
+        passes = [v < limit if at_most else v > limit for v in values]
+    else:
+        passes = [v <= limit if at_most else v >= limit for v in values]
     if all(passes):
         return Outcome("met", value, used, rounds, values)
     if not any(passes):

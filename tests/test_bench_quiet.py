@@ -80,6 +80,13 @@ def test_at_least_targets_and_an_explicit_need() -> None:
     )
 
 
+def test_a_strict_limit_is_missed_by_a_value_equal_to_it() -> None:
+    """ "< 0.1 CPU-s/min": an idle broker measured at exactly 0.1 misses it."""
+    assert quiet.decide({0: 0.1}, {0: True}, 0.1, need=1, strict=True).status == "missed"
+    assert quiet.decide({0: 0.08}, {0: True}, 0.1, need=1, strict=True).status == "met"
+    assert quiet.decide({0: 0.1}, {0: True}, 0.1, need=1).status == "met"
+
+
 def test_ratios_never_mix_rounds() -> None:
     """A ratio is taken within each round that has both figures."""
     assert quiet.per_round_ratio({0: 2.0, 1: 3.0, 2: 4.0}, {0: 1.0, 2: 2.0}) == {0: 2.0, 2: 2.0}
