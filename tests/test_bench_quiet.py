@@ -81,7 +81,7 @@ def test_at_least_targets_and_an_explicit_need() -> None:
 
 
 def test_a_strict_limit_is_missed_by_a_value_equal_to_it() -> None:
-    """ "< 0.1 CPU-s/min": an idle broker measured at exactly 0.1 misses it."""
+    """An idle broker measured at exactly 0.1 CPU-s/min misses "< 0.1 CPU-s/min"."""
     assert quiet.decide({0: 0.1}, {0: True}, 0.1, need=1, strict=True).status == "missed"
     assert quiet.decide({0: 0.08}, {0: True}, 0.1, need=1, strict=True).status == "met"
     assert quiet.decide({0: 0.1}, {0: True}, 0.1, need=1).status == "met"
