@@ -8,11 +8,9 @@ Docker's own exceptions stop here: what callers see is :class:`SandboxError`.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import socket
-import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -137,6 +135,9 @@ def _ensure(client: docker.DockerClient, tag: str, base: str | None, force: bool
 @contextmanager
 def one_build_at_a_time(engine: str) -> Iterator[None]:
     """Hold this user's build lock for ``engine`` (a lock file in the temp dir)."""
+    import fcntl
+    import tempfile  # with shutil and random: not on a run's path unless it builds
+
     path = Path(tempfile.gettempdir()) / f"sandbox-broker-{engine}-image-{os.getuid()}.lock"
     with path.open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
