@@ -108,12 +108,15 @@ def test_importing_the_cli_loads_no_heavy_library() -> None:
 def test_broker_run_starts_without_typer_rich_or_docker_py(home: Path, tmp_path: Path) -> None:
     """What every agent's start pays for: up to the container's start, `broker run`
     imports no CLI framework and no docker-py (the pipeline is built on a thread of its
-    own meanwhile). Shown by stopping a real run where it would create the container."""
+    own meanwhile); once its inputs' check has passed, not dataclasses (with inspect)
+    nor tempfile (with shutil and random) either, each milliseconds of every cold
+    start. Shown by stopping real runs where they would create the container."""
     probe = (
         "import sys, runpy; sys.argv = ['broker', *sys.argv[1:]]\n"
         "import broker.hosting.runtimes.docker as d\n"
         "def refuse(self, spec):\n"
-        "    mods = ('typer', 'rich', 'click', 'docker', 'requests')\n"
+        "    mods = ('typer', 'rich', 'click', 'docker', 'requests', 'dataclasses',\n"
+        "            'inspect', 'tempfile', 'shutil')\n"
         "    print('loaded:', [m for m in mods if m in sys.modules])\n"
         "    raise SystemExit(0)\n"
         "d.DockerRuntime.start = refuse\n"
@@ -122,11 +125,18 @@ def test_broker_run_starts_without_typer_rich_or_docker_py(home: Path, tmp_path:
         "main()\n"
     )
     state = tmp_path / "state"
-    done = subprocess.run(
-        [sys.executable, "-c", probe, "run", "--state", str(state), "--", "true"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "HOME": str(home)},
-    )
-    assert "loaded: []" in done.stdout, done.stdout + done.stderr
+
+    def loaded() -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", probe, "run", "--state", str(state), "--", "true"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "HOME": str(home)},
+        )
+        assert done.stdout.startswith("loaded: "), done.stdout + done.stderr
+        return done.stdout
+
+    first = loaded()  # checks its inputs first: the check may use what it likes
+    assert not any(f"'{m}'" in first for m in ("typer", "rich", "click", "docker", "requests"))
+    assert loaded().strip() == "loaded: []"
