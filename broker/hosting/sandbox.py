@@ -9,7 +9,8 @@ two host directories made by :func:`prepare_dirs` under ``<state_dir>/sandboxes/
 
 plus, when asked, a workspace at ``/workspace``. Everything else in the state dir
 (ledger, audit log, attachments) stays out of reach. Every container carries the
-label ``LABEL=<sandbox id>`` so :func:`leftovers` finds the ones a crash left behind.
+label ``LABEL=<sandbox id>`` so ``DockerRuntime.leftovers`` (``broker sandbox ls``) finds the
+ones a crash left behind.
 
 The hardening itself is runtime-neutral (broker.hosting.runtimes.spec) and proven on
 each created container (broker.hosting.runtimes.proof); this module is its docker-py
@@ -49,7 +50,6 @@ __all__ = [
     "SandboxPaths",
     "engine",
     "hardened",
-    "leftovers",
     "prepare_dirs",
     "remove",
     "start",
@@ -129,15 +129,3 @@ def start(
 def remove(container: Container) -> None:
     """Kill and delete ``container``; one that is already gone is fine."""
     DockerRuntime().remove(container)
-
-
-def leftovers(client: docker.DockerClient) -> list[Container]:
-    """Every sandbox container on the engine, running or not (for cleanup after a crash)."""
-    for _ in range(3):  # the SDK inspects each listed container: one removed meanwhile 404s
-        try:
-            return list(client.containers.list(all=True, filters={"label": LABEL}))
-        except docker.errors.NotFound:
-            continue
-        except docker.errors.DockerException as exc:
-            raise SandboxError(f"cannot list sandbox containers: {exc}") from exc
-    raise SandboxError("cannot list sandbox containers: they kept changing while listed")

@@ -16,6 +16,7 @@ import pytest
 
 from broker.errors import SandboxError
 from broker.hosting import images, sandbox
+from broker.hosting.runtimes.docker import DockerRuntime
 
 # Reports what the sandbox looks like from inside, as JSON on stdout.
 PROBE = r"""
@@ -265,7 +266,7 @@ def test_start_with_missing_image_says_how_to_build(
     with pytest.raises(SandboxError, match="broker image build"):
         sandbox.start(engine, paths, "broker-sandbox:absent", ["true"])
 
-    assert not [c for c in sandbox.leftovers(engine) if c.labels[sandbox.LABEL] == "no-image"]
+    assert not [c for c in DockerRuntime().leftovers() if c.labels[sandbox.LABEL] == "no-image"]
 
 
 @pytest.mark.docker

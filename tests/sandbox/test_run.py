@@ -17,6 +17,7 @@ import pytest
 
 from broker.audit import verify as audit
 from broker.hosting import sandbox
+from broker.hosting.runtimes.docker import DockerRuntime
 from tests.support import Hook, approve_at_the_prompt, at_a_terminal, eventually
 
 BROKER = str(Path(sys.executable).parent / "broker")
@@ -60,7 +61,7 @@ OK, BAD, TERM, NOTE, HAND, LAST = (
 
 
 def containers(engine: docker.DockerClient, name: str) -> list[object]:
-    return [c for c in sandbox.leftovers(engine) if c.labels.get(sandbox.LABEL) == name]
+    return [c for c in DockerRuntime().leftovers() if c.labels.get(sandbox.LABEL) == name]
 
 
 AGENT = """

@@ -15,7 +15,7 @@ import pytest
 
 from broker.cli import passed
 from broker.config import load_config
-from broker.hosting import sandbox
+from broker.hosting.runtimes.docker import DockerRuntime
 
 pytestmark = pytest.mark.docker
 
@@ -63,7 +63,7 @@ def run(config: Path, modules: Path, *command: str) -> subprocess.CompletedProce
 def containers(engine: docker.DockerClient, state: Path) -> list[object]:
     return [
         c
-        for c in sandbox.leftovers(engine)
+        for c in DockerRuntime().leftovers()
         if any(m.get("Source", "").startswith(f"{state}/") for m in c.attrs.get("Mounts", []))
     ]
 

@@ -20,6 +20,7 @@ import pytest
 
 from broker.config import load_config
 from broker.hosting import sandbox, warm
+from broker.hosting.runtimes.docker import DockerRuntime
 from broker.inputs import locate
 from broker.loop.lockfile import socket_path, unix_address
 from tests.support import approve_at_the_prompt, at_a_terminal, eventually
@@ -88,7 +89,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, agent_image: str) -> Iterat
 
 
 def containers(engine: docker.DockerClient, name: str) -> list[Any]:
-    return [c for c in sandbox.leftovers(engine) if c.labels.get(sandbox.LABEL) == name]
+    return [c for c in DockerRuntime().leftovers() if c.labels.get(sandbox.LABEL) == name]
 
 
 def sandbox_of(stderr: str) -> str:
@@ -250,7 +251,7 @@ def started_for(engine: docker.DockerClient, state: Path) -> set[str]:
     tests' containers on the same engine are not this state dir's)."""
     return {
         c.id
-        for c in sandbox.leftovers(engine)
+        for c in DockerRuntime().leftovers()
         if warm.WARM_LABEL not in c.labels
         and any(m.get("Source", "").startswith(f"{state}/") for m in c.attrs.get("Mounts", []))
     }
@@ -285,9 +286,9 @@ def test_an_owner_that_dies_leaves_the_sandbox_to_the_run(
         assert (tmp_path / "exports" / "left.txt").read_text() == "by the owner"
         assert containers(engine, sandbox_id) == []
     finally:  # the dead keeper's refilled pool
-        for left in sandbox.leftovers(engine):
+        for left in DockerRuntime().leftovers():
             if left.labels.get(warm.WARM_LABEL) == warm.settings(load_config(config), "docker").key:
-                left.remove(force=True)
+                DockerRuntime().remove(left)
 
 
 GATED = """
