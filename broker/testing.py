@@ -29,9 +29,13 @@ with BrokerHarness(tmp_path, handlers=[...], policy=POLICY, clock=clock) as h:
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import functools
 import json
 import os
+import shutil
+import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -54,20 +58,13 @@ from effects.base import Context
 __all__ = ["BrokerHarness", "FakeClock", "FakeHandler", "make_context"]
 
 
-_scratch: list[Path] = []  # the one per-process parent of make_context's own state dirs
-
-
-def _scratch_dir() -> Path:
-    """A new dir under this process's scratch dir, which is removed at exit (every
+@functools.cache
+def _scratch() -> Path:
+    """This process's parent of make_context's own state dirs, removed at exit (every
     test that made a context without a state dir had left one in the temp dir)."""
-    import atexit
-    import shutil
-    import tempfile
-
-    if not _scratch:
-        _scratch.append(Path(tempfile.mkdtemp(prefix="broker-ctx-")))
-        atexit.register(shutil.rmtree, _scratch[0], ignore_errors=True)
-    return Path(tempfile.mkdtemp(dir=_scratch[0]))
+    root = Path(tempfile.mkdtemp(prefix="broker-ctx-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    return root
 
 
 def make_context(
@@ -97,7 +94,7 @@ def make_context(
     the settings name (`credential = "NAME"`) mints through `ctx.credential`; close
     `ctx.grants` after the call to revoke what it minted, as the broker does.
     """
-    state = state_dir or _scratch_dir()
+    state = state_dir or Path(tempfile.mkdtemp(dir=_scratch()))
     config = Config(
         state_dir=state,
         integrations={integration: dict(settings or {})},

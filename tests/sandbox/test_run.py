@@ -60,7 +60,7 @@ OK, BAD, TERM, NOTE, HAND, LAST = (
 )
 
 
-def containers(engine: docker.DockerClient, name: str) -> list[object]:
+def containers(name: str) -> list[object]:
     return [c for c in DockerRuntime().leftovers() if c.labels.get(sandbox.LABEL) == name]
 
 
@@ -80,7 +80,7 @@ def test_agent_request_is_applied_and_container_removed(
     assert "AGENT applied 16" in done.stderr
     assert f"sandbox {OK} exited with 0: 1 applied" in done.stderr
     assert (host.parent / "exports" / "out.txt").read_text() == "from the sandbox"
-    assert containers(engine, OK) == []
+    assert containers(OK) == []
 
 
 LAST_WORDS = """
@@ -105,7 +105,7 @@ def test_a_request_written_as_the_agent_exits_is_still_applied(
     assert (host.parent / "exports" / "last.txt").read_text() == "written as it exits"
     results = host.parent / "state" / "sandboxes" / LAST / "results"
     assert '"applied"' in (results / "last-words.json").read_text()
-    assert containers(engine, LAST) == []
+    assert containers(LAST) == []
 
 
 def test_failing_agent_exit_code_is_returned_and_container_removed(
@@ -115,7 +115,7 @@ def test_failing_agent_exit_code_is_returned_and_container_removed(
     done = run(host, BAD, "import sys; sys.exit(7)")
     assert done.returncode == 7
     assert "exited with 7" in done.stderr
-    assert containers(engine, BAD) == []
+    assert containers(BAD) == []
 
 
 def test_sigint_removes_the_container(host: Path, engine: docker.DockerClient) -> None:
@@ -139,14 +139,14 @@ def test_sigint_removes_the_container(host: Path, engine: docker.DockerClient) -
         stdin=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not containers(engine, INT):
+    while time.monotonic() < deadline and not containers(INT):
         time.sleep(0.2)
-    assert containers(engine, INT), "the sandbox never started"
+    assert containers(INT), "the sandbox never started"
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert containers(engine, INT) == []
+    assert containers(INT) == []
 
 
 def test_detached_sandbox_is_served_by_serve_root(
@@ -191,7 +191,7 @@ def test_detached_sandbox_is_served_by_serve_root(
     row = next(r for r in rows if r[0] == DET)
     assert len(row) == 4 and row[2] == f"broker-{DET}"
     subprocess.run([BROKER, "sandbox", "rm", DET], check=True, capture_output=True)
-    assert containers(engine, DET) == []
+    assert containers(DET) == []
 
 
 def test_terminal_prompt_approves_a_gated_request(host: Path, engine: docker.DockerClient) -> None:
@@ -210,7 +210,7 @@ def test_terminal_prompt_approves_a_gated_request(host: Path, engine: docker.Doc
     child.close()
     assert child.exitstatus == 0
     assert (host.parent / "exports" / "g.txt").read_text() == "two"
-    assert containers(engine, TTY) == []
+    assert containers(TTY) == []
 
 
 @contextmanager
@@ -254,7 +254,7 @@ def test_sigterm_removes_the_container_as_ctrl_c_does(
     assert proc.returncode == 130, err
     assert "interrupted: the sandbox was removed" in err
     assert "Traceback" not in err
-    assert containers(engine, TERM) == []
+    assert containers(TERM) == []
 
 
 def test_run_tells_the_notify_webhooks_and_the_person_told_decides(
@@ -293,7 +293,7 @@ def test_run_tells_the_notify_webhooks_and_the_person_told_decides(
     assert "AGENT applied" in err
     assert (host.parent / "exports" / "n.txt").read_text() == "two"
     assert len(hook.calls("/pending")) == 1
-    assert containers(engine, NOTE) == []
+    assert containers(NOTE) == []
 
 
 def test_run_beside_a_serving_broker_hands_it_the_sandbox(
@@ -327,4 +327,4 @@ def test_run_beside_a_serving_broker_hands_it_the_sandbox(
     events = [e for _, e, _ in audit.read_events(host.parent / "state" / "audit.jsonl") if e]
     mine = [e["event"] for e in events if e["sandbox"] == HAND]
     assert mine.count("received") == 1 and mine.count("applied") == 1, mine
-    assert containers(engine, HAND) == []
+    assert containers(HAND) == []

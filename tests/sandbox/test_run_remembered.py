@@ -60,7 +60,7 @@ def run(config: Path, modules: Path, *command: str) -> subprocess.CompletedProce
     )
 
 
-def containers(engine: docker.DockerClient, state: Path) -> list[object]:
+def containers(state: Path) -> list[object]:
     return [
         c
         for c in DockerRuntime().leftovers()
@@ -129,5 +129,5 @@ def test_a_check_put_off_that_fails_stops_the_run_and_removes_its_sandbox(
     assert done.stderr.strip().splitlines()[-1].startswith("error: ")
     assert "nosuch" in done.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "exports" / "out.txt").exists()
-    assert containers(engine, tmp_path / "state") == []
+    assert containers(tmp_path / "state") == []
     assert passed.key(cfg) not in json.loads((tmp_path / "state" / passed.FILE).read_text())

@@ -88,7 +88,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, agent_image: str) -> Iterat
     stop_serve(serve, config)
 
 
-def containers(engine: docker.DockerClient, name: str) -> list[Any]:
+def containers(name: str) -> list[Any]:
     return [c for c in DockerRuntime().leftovers() if c.labels.get(sandbox.LABEL) == name]
 
 
@@ -117,7 +117,7 @@ def test_the_owner_runs_it_and_the_run_loads_no_engine_or_pipeline(
     assert "  │ AGENT applied" in done.stderr
     assert f"sandbox {sandbox_id} exited with 3: 1 applied" in done.stderr
     assert (served.parent / "exports" / "owner.txt").read_text() == "by the owner"
-    assert containers(engine, sandbox_id) == []
+    assert containers(sandbox_id) == []
     loaded = set(modules.read_text().split())
     heavy_modules = ("broker.config", "broker.hosting.runtimes.engine", "broker.loop.pipeline")
     for heavy in (*heavy_modules, "broker.loop.ownership", "broker.registry", "logging", "hashlib"):
@@ -145,7 +145,7 @@ def test_an_image_outside_the_pool_is_started_cold_by_the_owner(
     assert f"sandbox {sandbox_id}: running sh -c echo hi in {other}" in done.stderr
     assert "  │ hi" in done.stderr
     assert f"sandbox {sandbox_id} exited with 0: no requests" in done.stderr
-    assert containers(engine, sandbox_id) == []
+    assert containers(sandbox_id) == []
 
 
 def test_a_config_the_owner_did_not_check_is_checked_here(served: Path) -> None:
@@ -183,13 +183,13 @@ def test_ctrl_c_has_the_owner_remove_the_container(
         assert line, seen
         seen += line
     sandbox_id = sandbox_of(seen)
-    assert containers(engine, sandbox_id)
+    assert containers(sandbox_id)
     run.send_signal(signal.SIGINT)
     rest = run.stderr.read()
     run.stderr.close()
     assert run.wait(30) == 130, seen + rest
     assert "interrupted: the sandbox was removed" in rest
-    assert containers(engine, sandbox_id) == []
+    assert containers(sandbox_id) == []
 
 
 def ask(config: Path, message: dict[str, Any]) -> dict[str, Any]:
@@ -225,7 +225,7 @@ def test_the_owner_refuses_a_run_it_cannot_vouch_for(
     """A malformed run op, one naming other inputs than the owner checked, or one
     asking for a runtime it does not run: refused with a reason, nothing started."""
     state = served.parent / "state"
-    before = started_for(engine, state)
+    before = started_for(state)
     if message.get("inputs") in ("OWN", "OTHER CONFIG"):  # the owner's, or a copy elsewhere
         located = locate(served)
         config = located.path
@@ -243,10 +243,10 @@ def test_the_owner_refuses_a_run_it_cannot_vouch_for(
         }
     answer = ask(served, {"op": "run", **message})
     assert answer["ok"] is False and says in answer["error"], answer
-    assert started_for(engine, state) <= before
+    assert started_for(state) <= before
 
 
-def started_for(engine: docker.DockerClient, state: Path) -> set[str]:
+def started_for(state: Path) -> set[str]:
     """The containers of runs on `state` (its pool's, refilled meanwhile, aside; other
     tests' containers on the same engine are not this state dir's)."""
     return {
@@ -284,7 +284,7 @@ def test_an_owner_that_dies_leaves_the_sandbox_to_the_run(
         assert f"the serving broker went away; serving {sandbox_id} here" in rest
         assert "AGENT applied" in rest
         assert (tmp_path / "exports" / "left.txt").read_text() == "by the owner"
-        assert containers(engine, sandbox_id) == []
+        assert containers(sandbox_id) == []
     finally:  # the dead keeper's refilled pool
         for left in DockerRuntime().leftovers():
             if left.labels.get(warm.WARM_LABEL) == warm.settings(load_config(config), "docker").key:
@@ -323,6 +323,6 @@ def test_at_a_terminal_the_run_asks_about_what_the_owners_sandbox_waits_on(
         child.close()
         assert child.exitstatus == 0
         assert (tmp_path / "exports" / "g.txt").read_text() == "two"
-        assert containers(engine, sandbox_id) == []
+        assert containers(sandbox_id) == []
     finally:
         stop_serve(serve, config)
