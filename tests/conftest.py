@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import json
 import os
@@ -35,6 +36,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput") and (shared := os.environ.pop(prism.SHARED_ENV, "")):
         prism.stop_shared(Path(shared))
         shutil.rmtree(shared, ignore_errors=True)
+    # A process that has not exited a minute after its tests ended is held by something
+    # they left behind: print every thread's stack and go, rather than hold CI to its limit.
+    faulthandler.dump_traceback_later(EXIT_GRACE_S, exit=True)
+
+
+EXIT_GRACE_S = 60
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -48,9 +55,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def leaks_found_in_their_module() -> Iterator[None]:
     """Collect garbage when a module's tests end: a process, file or socket it left open
     warns (an error, by filterwarnings) in that module's last teardown, instead of in
-    whichever test of another module the collector happens to run in later."""
+    whichever test of another module the collector happens to run in later. A thread it
+    left running that is not a daemon fails there too: it would keep the worker from
+    exiting, and the run from ending."""
     yield
     gc.collect()
+    left = [t.name for t in threading.enumerate() if not (t.daemon or t is threading.main_thread())]
+    assert not left, f"threads this module started still run and would hold the exit: {left}"
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -49,6 +49,8 @@ IMAGES_DIR = (
 )
 """The image sources: inside the wheel when installed, else the checkout's sandbox_images/."""
 PULL_TIMEOUT = 15
+# seconds a build waits for another one (one_build_at_a_time) before it gives up
+BUILD_WAIT = 600.0
 """Seconds a base-image pull may stay silent before the Debian fallback is built."""
 
 Log = Callable[[str], None]
@@ -133,14 +135,30 @@ def _ensure(client: docker.DockerClient, tag: str, base: str | None, force: bool
 
 
 @contextmanager
-def one_build_at_a_time(engine: str) -> Iterator[None]:
-    """Hold this user's build lock for ``engine`` (a lock file in the temp dir)."""
+def one_build_at_a_time(engine: str, wait: float = BUILD_WAIT) -> Iterator[None]:
+    """Hold this user's build lock for ``engine`` (a lock file in the temp dir).
+
+    A build that has held it for ``wait`` seconds is stuck, not slow (a base image from
+    Debian's packages takes about a minute): the caller gets a SandboxError saying so
+    instead of waiting with it for ever. The lock goes with its holder's process.
+    """
     import fcntl
     import tempfile  # with shutil and random: not on a run's path unless it builds
 
     path = Path(tempfile.gettempdir()) / f"sandbox-broker-{engine}-image-{os.getuid()}.lock"
     with path.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        deadline = REAL.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if REAL.monotonic() >= deadline:
+                    raise SandboxError(
+                        f"another {engine} image build has held {path} for {wait:.0f}s; "
+                        "wait for it to end, or stop it"
+                    ) from None
+                REAL.sleep(0.1)
         try:
             yield
         finally:
