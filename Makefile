@@ -51,7 +51,7 @@ pytest: $(STAMP) docker podman tools postgres
 # burst of 100,000 requests, latency beside a flooding sandbox. Not part of `make test`.
 soak: $(STAMP) docker podman tools postgres
 	env -u PYTHONDONTWRITEBYTECODE BROKER_SOAK=1 $(BIN)/python -m pytest -m soak -n 2 \
-		--timeout 3600 $(PYTEST_ARGS)
+		--timeout 3600 --session-timeout 7200 $(PYTEST_ARGS)
 
 # PostgreSQL's server binaries (Debian's postgresql when absent, as root); nothing is
 # started here: each test session, demo and bench starts its own server in a temp dir.
