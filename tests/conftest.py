@@ -24,6 +24,9 @@ from tests.pgserver import PgServer
 from tests.stores import BACKENDS, OpenStore, new_database, opener, start_server
 from tests.support import SETTLE_S, Hook, Start
 
+EXIT_GRACE_S = 60
+"""Seconds a test process may take to exit after its tests (pytest_unconfigure)."""
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """The run's controller (or its one process without xdist) makes the directory its
@@ -39,9 +42,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     # A process that has not exited a minute after its tests ended is held by something
     # they left behind: print every thread's stack and go, rather than hold CI to its limit.
     faulthandler.dump_traceback_later(EXIT_GRACE_S, exit=True)
-
-
-EXIT_GRACE_S = 60
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

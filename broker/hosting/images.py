@@ -29,6 +29,7 @@ __all__ = [
     "DEFAULT_IMAGE",
     "FALLBACK_BASE",
     "IMAGE_LABEL",
+    "build_lock",
     "current",
     "engine",
     "ensure_image",
@@ -49,9 +50,9 @@ IMAGES_DIR = (
 )
 """The image sources: inside the wheel when installed, else the checkout's sandbox_images/."""
 PULL_TIMEOUT = 15
-# seconds a build waits for another one (one_build_at_a_time) before it gives up
-BUILD_WAIT = 600.0
 """Seconds a base-image pull may stay silent before the Debian fallback is built."""
+BUILD_WAIT = 600.0
+"""Seconds a build waits for another one's lock (one_build_at_a_time) before it gives up."""
 
 Log = Callable[[str], None]
 
@@ -134,18 +135,24 @@ def _ensure(client: docker.DockerClient, tag: str, base: str | None, force: bool
     return tag
 
 
+def build_lock(engine: str) -> Path:
+    """This user's lock file for builds on ``engine``, in the temp dir."""
+    import tempfile  # with shutil and random: not on a run's path unless it builds
+
+    return Path(tempfile.gettempdir()) / f"sandbox-broker-{engine}-image-{os.getuid()}.lock"
+
+
 @contextmanager
 def one_build_at_a_time(engine: str, wait: float = BUILD_WAIT) -> Iterator[None]:
-    """Hold this user's build lock for ``engine`` (a lock file in the temp dir).
+    """Hold this user's build lock for ``engine`` (:func:`build_lock`).
 
-    A build that has held it for ``wait`` seconds is stuck, not slow (a base image from
+    A build still held after ``wait`` seconds is stuck, not slow (a base image from
     Debian's packages takes about a minute): the caller gets a SandboxError saying so
     instead of waiting with it for ever. The lock goes with its holder's process.
     """
     import fcntl
-    import tempfile  # with shutil and random: not on a run's path unless it builds
 
-    path = Path(tempfile.gettempdir()) / f"sandbox-broker-{engine}-image-{os.getuid()}.lock"
+    path = build_lock(engine)
     with path.open("a") as lock:
         deadline = REAL.monotonic() + wait
         while True:
@@ -155,8 +162,8 @@ def one_build_at_a_time(engine: str, wait: float = BUILD_WAIT) -> Iterator[None]
             except BlockingIOError:
                 if REAL.monotonic() >= deadline:
                     raise SandboxError(
-                        f"another {engine} image build has held {path} for {wait:.0f}s; "
-                        "wait for it to end, or stop it"
+                        f"another {engine} image build still holds {path} after {wait:.0f}s "
+                        "of waiting; wait for it to end, or stop it"
                     ) from None
                 REAL.sleep(0.1)
         try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
-import tempfile
+import re
 import threading
 from pathlib import Path
 
@@ -18,7 +18,7 @@ ENGINE = f"test-{os.getpid()}"  # a lock of this test's own, not a real engine's
 
 def held_elsewhere() -> tuple[Path, int]:
     """Take the lock as another build would: its own open file, flocked."""
-    path = Path(tempfile.gettempdir()) / f"sandbox-broker-{ENGINE}-image-{os.getuid()}.lock"
+    path = images.build_lock(ENGINE)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
     return path, fd
@@ -28,7 +28,10 @@ def test_a_build_stuck_holding_the_lock_is_a_clear_error_not_a_hang() -> None:
     path, fd = held_elsewhere()
     try:
         with (
-            pytest.raises(SandboxError, match=f"another {ENGINE} image build has held {path}"),
+            pytest.raises(
+                SandboxError,
+                match=re.escape(f"another {ENGINE} image build still holds {path} after 0s"),
+            ),
             images.one_build_at_a_time(ENGINE, wait=0.3),
         ):
             pytest.fail("the lock was taken while another build held it")
