@@ -11,14 +11,18 @@ and not the config's validation, the registry or the pipeline.
 from __future__ import annotations
 
 import os
+import sys
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker import __version__
 from broker.errors import ConfigError
 
-__all__ = ["Located", "default_state_dir", "digest", "locate", "read_toml"]
+if TYPE_CHECKING:
+    from hashlib import _Hash
+
+__all__ = ["Located", "default_state_dir", "digest", "locate", "read_toml", "sha256"]
 
 
 class Located:
@@ -75,9 +79,7 @@ def default_state_dir() -> Path:
 def digest(state_dir: Path, source: Path | None, policy_path: Path | None) -> str:
     """What the start-up check of a config reads: the broker's version, the state dir,
     and broker.toml's and the policy's resolved paths and bytes."""
-    import hashlib  # here: `broker run`'s client locates, the owner hashes (OpenSSL: ~3 ms)
-
-    found = hashlib.sha256(f"{__version__}\0{state_dir.resolve()}".encode())
+    found = sha256(f"{__version__}\0{state_dir.resolve()}".encode())
     for path in (source, policy_path):
         found.update(b"\0" + str(path.resolve() if path else "").encode() + b"\0")
         if path is not None:
@@ -98,3 +100,18 @@ def read_toml(path: Path, error: type[ConfigError], what: str) -> dict[str, Any]
         raise error(f"{path}: cannot read: {exc.strerror}") from exc
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise error(f"{path}: not valid TOML: {exc}") from exc
+
+
+def sha256(data: bytes = b"") -> _Hash:
+    """SHA-256 from the interpreter's own module (_sha256; _sha2 from 3.12), or hashlib's
+    where this Python was built without it. Not hashlib's first: it loads OpenSSL's
+    libcrypto (3–6 ms measured here), which every `broker run` paid before its sandbox
+    started, for the few kilobytes of inputs and image sources it hashes."""
+    builtin = "_sha2" if sys.version_info >= (3, 12) else "_sha256"
+    try:
+        made: _Hash = __import__(builtin).sha256(data)
+    except ImportError:
+        from hashlib import sha256 as openssl
+
+        made = openssl(data)
+    return made

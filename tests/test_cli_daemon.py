@@ -108,15 +108,16 @@ def test_importing_the_cli_loads_no_heavy_library() -> None:
 def test_broker_run_starts_without_typer_rich_or_docker_py(home: Path, tmp_path: Path) -> None:
     """What every agent's start pays for: up to the container's start, `broker run`
     imports no CLI framework and no docker-py (the pipeline is built on a thread of its
-    own meanwhile); once its inputs' check has passed, not dataclasses (with inspect)
-    nor tempfile (with shutil and random) either, each milliseconds of every cold
-    start. Shown by stopping real runs where they would create the container."""
+    own meanwhile); once its inputs' check has passed, not dataclasses (with inspect),
+    tempfile (with shutil and random) nor hashlib (with OpenSSL) either, each
+    milliseconds of every cold start. Shown by stopping real runs where they would
+    create the container."""
     probe = (
         "import sys, runpy; sys.argv = ['broker', *sys.argv[1:]]\n"
         "import broker.hosting.runtimes.docker as d\n"
         "def refuse(self, spec):\n"
         "    mods = ('typer', 'rich', 'click', 'docker', 'requests', 'dataclasses',\n"
-        "            'inspect', 'tempfile', 'shutil')\n"
+        "            'inspect', 'tempfile', 'shutil', 'hashlib')\n"
         "    print('loaded:', [m for m in mods if m in sys.modules])\n"
         "    raise SystemExit(0)\n"
         "d.DockerRuntime.start = refuse\n"

@@ -3,13 +3,15 @@ and `broker run`'s client both find them, and the digest a serving owner is matc
 
 from __future__ import annotations
 
+import hashlib
+import sys
 from pathlib import Path
 
 import pytest
 
 from broker.config import load_config
 from broker.errors import ConfigError
-from broker.inputs import digest, locate
+from broker.inputs import digest, locate, sha256
 
 
 def test_relative_paths_start_at_the_file(tmp_path: Path) -> None:
@@ -68,3 +70,21 @@ def test_the_digest_follows_the_bytes_and_the_state_dir(tmp_path: Path) -> None:
     assert hashed("b") != first
     policy.write_text("# changed\n")
     assert hashed("a") != first
+
+
+@pytest.mark.parametrize("builtin", [True, False])
+def test_sha256_is_sha256_with_or_without_the_builtin_module(
+    monkeypatch: pytest.MonkeyPatch, builtin: bool
+) -> None:
+    """The digests a run remembers and labels images with are SHA-256 whichever module
+    makes them: the interpreter's own, or OpenSSL's where a Python lacks it."""
+    if not builtin:
+        monkeypatch.setitem(
+            sys.modules, "_sha2" if sys.version_info >= (3, 12) else "_sha256", None
+        )
+    data = b"broker.toml\0" * 1000
+    made = sha256(data[:7])
+    made.update(data[7:])
+    assert made.hexdigest() == hashlib.sha256(data).hexdigest()
+    if not builtin:
+        assert type(made).__module__ == "_hashlib"  # OpenSSL's: the fallback was taken

@@ -20,7 +20,6 @@ the broker is built.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import sys
@@ -28,7 +27,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker.inputs import digest, read_toml
+from broker.inputs import digest, read_toml, sha256
 
 if TYPE_CHECKING:
     from broker.config import Config
@@ -41,14 +40,14 @@ KEEP = 8  # keys remembered (several configs may share a state dir)
 
 def key(cfg: Config) -> str:
     """What a check of `cfg` depends on, hashed (see the module's docstring)."""
-    found = hashlib.sha256(digest(cfg.state_dir, cfg.source, cfg.policy_path).encode())
+    found = sha256(digest(cfg.state_dir, cfg.source, cfg.policy_path).encode())
     data = _tables(cfg.source)
     base = cfg.base_dir or Path.cwd()
     for setting, value in sorted(_references(data)):
         found.update(f"\0{setting}={value}\0".encode())
         if setting.endswith("_env"):
             env = os.environ.get(value)
-            found.update(b"-" if env is None else hashlib.sha256(env.encode()).digest())
+            found.update(b"-" if env is None else sha256(env.encode()).digest())
         else:
             try:
                 st = (base / value).stat()

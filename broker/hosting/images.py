@@ -8,7 +8,6 @@ Docker's own exceptions stop here: what callers see is :class:`SandboxError`.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import socket
 from collections.abc import Callable, Iterator, Mapping
@@ -23,6 +22,7 @@ if TYPE_CHECKING:  # docker-py is imported by what builds: a run with a current 
 from broker.clock import REAL
 from broker.errors import SandboxError
 from broker.hosting.runtimes.spec import SANDBOX_UID
+from broker.inputs import sha256
 
 __all__ = [
     "DEFAULT_BASE",
@@ -215,7 +215,7 @@ def current(labels: Mapping[str, str] | None) -> bool:
 
 def sources_digest() -> str:
     """sha256 over what the Dockerfile copies, so a changed client means a new image."""
-    h = hashlib.sha256()
+    h = sha256()
     for rel in (
         "Dockerfile",
         *(f"client/outbox{m}.py" for m in ("", "_cli", "_mcp", "_mcp_tools")),
