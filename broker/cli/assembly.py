@@ -84,6 +84,11 @@ class Checked:
         self._on_fault = on_fault  # a check put off failed: e.g. forget that it passed
         self._lock = threading.Lock()
 
+    @property
+    def done(self) -> bool:
+        """Whether the check has been made (now, or when a broker was built)."""
+        return self._done is not None
+
     def get(self) -> tuple[Registry, Policy]:
         with self._lock:
             if self._done is None:

@@ -165,20 +165,19 @@ def _run_here(args: argparse.Namespace, command: list[str], left: Left | None) -
     """The run in this process: checked as `broker serve` checks (or, inputs that
     passed before, when a broker is first built: broker.cli.passed), then served here
     or by the serving broker (broker.hosting.runner); `left`: the container to adopt."""
-    from broker.cli.assembly import install_logging, notifier_for
+    from broker.cli.assembly import notifier_for
     from broker.config import load_config
     from broker.hosting.runner import RunOptions, run
 
     cfg = load_config(args.config, state_dir=args.state, policy=args.policy)
-    install_logging(args.verbose, True, args.log_format or cfg.log_format)
+    logs = partial(_logs, cfg, args.verbose, args.log_format or cfg.log_format)
     extras = args.listen or cfg.web or cfg.metrics is not None or cfg.tracing is not None
-    checked, warnings = _checked(cfg, remembered=not extras)
+    early = bool(extras or args.verbose)
+    if early:
+        logs()
+    checked, warnings = _checked(cfg, remembered=not extras, before=None if early else logs)
     for warning in warnings:
         say(f"warning: {warning}")
-    if secrets := cfg.secret_values():  # none in any log line, from the web or a notifier
-        from broker.masking import mask_logs  # (a broker built later masks them as well)
-
-        mask_logs(secrets)
     prompt = _Prompting(checked) if sys.stdin.isatty() and not args.detach else None
     options = RunOptions(
         command=command,
@@ -192,6 +191,7 @@ def _run_here(args: argparse.Namespace, command: list[str], left: Left | None) -
         runtime=args.runtime,
         say=say,
         on_broker=_pr_threads(cfg),
+        prepare=None if early or checked.done else logs,
     )
     on_signals(threading.Event(), None, interrupt=True)
     if left is not None:
@@ -211,18 +211,37 @@ def _run_here(args: argparse.Namespace, command: list[str], left: Left | None) -
             telemetry.close()
 
 
-def _checked(cfg: Config, *, remembered: bool) -> tuple[Checked, list[str]]:
+def _checked(
+    cfg: Config, *, remembered: bool, before: Callable[[], None] | None
+) -> tuple[Checked, list[str]]:
     """The config checked now, or, `remembered` and its inputs known to pass, when a
-    broker is first built (a fault then forgets the pass); and the check's warnings."""
+    broker is first built (a fault then forgets the pass); and the check's warnings.
+    `before`, if given, is called before a check made now (which may log)."""
     from broker.cli.assembly import Checked, check
     from broker.cli.passed import forget, passed_before, remember
 
     warnings = passed_before(cfg) if remembered else None
     if warnings is not None:
         return Checked(cfg, on_fault=partial(forget, cfg)), warnings
+    if before is not None:
+        before()
     cfg, registry, policy, warnings = check(cfg)
     remember(cfg, warnings)
     return Checked(cfg, (registry, policy)), warnings
+
+
+def _logs(cfg: Config, verbose: bool, fmt: str) -> None:
+    """The run's log format and level, and its secrets masked in every log line (from the
+    web, a notifier, a broker built later). Installed once, before anything may log:
+    here when this thread may (a check made now, the inbox, --verbose), else on the
+    serving thread while the engine starts the container (logging's imports: ~5 ms)."""
+    from broker.cli.assembly import install_logging
+
+    install_logging(verbose, True, fmt)
+    if secrets := cfg.secret_values():
+        from broker.masking import mask_logs
+
+        mask_logs(secrets)
 
 
 class _Prompting:

@@ -8,7 +8,6 @@ removed (also on Ctrl-C and on errors).
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -22,16 +21,14 @@ from broker.hosting import images
 from broker.hosting.runtimes import extra_env, limits_from, open_runtime, runtime_name
 from broker.hosting.runtimes.base import Handle, Runtime
 from broker.hosting.runtimes.spec import SandboxSpec, prepare_dirs, sandbox_spec
-from broker.hosting.serving import OnBroker, Serving
 
 if TYPE_CHECKING:
     from broker.approval.notify import Notifier
+    from broker.hosting.serving import OnBroker, Serving
     from broker.hosting.warm import Warm
     from broker.models import Record
     from broker.policy.ruleset import Policy
     from broker.registry import Registry
-
-log = logging.getLogger("broker.run")
 
 
 class RunOptions(NamedTuple):
@@ -48,6 +45,9 @@ class RunOptions(NamedTuple):
     runtime: str | None = None  # docker or podman; default: [sandbox] runtime, else docker
     say: Callable[[str], None] = print
     adopt: str | None = None  # a running container of sandbox `name` to serve to its end
+    prepare: Callable[[], None] | None = None
+    """Called first on the serving thread, while the engine starts the container, before
+    anything there may log: `broker run` installs its log format and masks there."""
 
 
 def new_sandbox_id(name: str | None) -> str:
@@ -92,30 +92,19 @@ def _run(config: Config, checked: Checked, options: RunOptions, runtime: Runtime
             )
             return 0
         start = partial(runtime.start, spec)
-    serving = Serving(
-        config,
-        checked,
-        sandbox_id,
-        on_broker=options.on_broker,
-        on_pending=options.on_pending,
-        notifier=options.notifier,
-        say=options.say,
-    )
-    life = _Life(runtime)
-    starting = threading.Thread(
-        target=life.serve, args=(serving, fresh), name="broker-serving-start", daemon=True
-    )
+    life = _Life(runtime, partial(_serving, config, checked, sandbox_id, options), fresh)
+    starting = threading.Thread(target=life.serve, name="broker-serving-start", daemon=True)
     starting.start()  # a broker is built, if at all, while the engine runs the container
     try:
-        code = _attached(start, sandbox_id, image, options, life, serving.exited)
+        code = _attached(start, sandbox_id, image, options, life)
     finally:
-        serving.exited()
+        life.exited()
         starting.join()
         if life.failure is None:
-            serving.finish()
+            life.finish()
     if life.failure is not None:
         raise life.failure
-    options.say(summary(config, sandbox_id, code, asked=serving.engaged or not fresh))
+    options.say(summary(config, sandbox_id, code, asked=life.engaged or not fresh))
     return code
 
 
@@ -157,25 +146,52 @@ def cold_spec(
     )
 
 
-class _Life:
-    """One run's container and the serving start beside it: a start that fails ends the
-    container (nothing would answer what it writes), whichever of the two comes first."""
+def _serving(config: Config, checked: Checked, sandbox_id: str, options: RunOptions) -> Serving:
+    """The run's serving side, made on its own thread: what it imports (the control
+    client, the ownership, logging) is imported there while the engine works."""
+    if options.prepare is not None:
+        options.prepare()
+    from broker.hosting.serving import Serving
 
-    def __init__(self, runtime: Runtime) -> None:
+    return Serving(
+        config,
+        checked,
+        sandbox_id,
+        on_broker=options.on_broker,
+        on_pending=options.on_pending,
+        notifier=options.notifier,
+        say=options.say,
+    )
+
+
+class _Life:
+    """One run's container and its serving side, made and started beside it: a start
+    that fails ends the container (nothing would answer what it writes), whichever of
+    the two comes first."""
+
+    def __init__(self, runtime: Runtime, make: Callable[[], Serving], fresh: bool) -> None:
         self.runtime = runtime
         self.failure: BaseException | None = None
+        self._make = make
+        self._fresh = fresh  # nothing of it in the ledger: a broker is built when it writes
+        self._serving: Serving | None = None
+        self._made = threading.Event()
         self._container: Handle | None = None
         self._lock = threading.Lock()
 
-    def serve(self, serving: Serving, fresh: bool) -> None:
+    def serve(self) -> None:
         try:
-            serving.start(when_written=fresh)
+            self._serving = self._make()
+            self._made.set()
+            self._serving.start(when_written=self._fresh)
         except BaseException as exc:
             with self._lock:
                 self.failure = exc
                 container = self._container
             if container is not None:
                 self.runtime.remove(container)  # its wait returns; the run raises `exc`
+        finally:
+            self._made.set()
 
     def started(self, container: Handle) -> None:
         with self._lock:
@@ -184,6 +200,21 @@ class _Life:
         if failure is not None:
             raise failure
 
+    def exited(self) -> None:
+        """The container's processes are gone (Serving.exited), once the side is made."""
+        self._made.wait()
+        if self._serving is not None:
+            self._serving.exited()
+
+    def finish(self) -> None:
+        if self._serving is not None:
+            self._serving.finish()
+
+    @property
+    def engaged(self) -> bool:
+        """Whether anything (the owner, or this process) served the sandbox."""
+        return self._serving is not None and self._serving.engaged
+
 
 def _attached(
     start: Callable[[], Handle],
@@ -191,10 +222,9 @@ def _attached(
     image: str,
     options: RunOptions,
     life: _Life,
-    exited: Callable[[], None],
 ) -> int:
     """Run the container to its end, its output streamed; it is removed in every case.
-    `exited` is called as soon as its processes are gone (nothing more can be written
+    `life` is told as soon as its processes are gone (nothing more can be written
     into its outbox), so the serving side winds down while its output ends and the
     engine removes it."""
     container: Handle | None = None
@@ -208,7 +238,7 @@ def _attached(
         )
         output.start()
         outcome = container.wait()
-        exited()
+        life.exited()
         output.join(5)
         return int(outcome.get("StatusCode", 1))
     finally:
@@ -244,6 +274,8 @@ def stream_logs(container: Any, say: Callable[[str], None]) -> None:
             for line in lines:
                 say("  │ " + neutralize(line.decode("utf-8", "replace")))
     except Exception:  # the agent's output is a courtesy; the run goes on
-        log.debug("log stream ended", exc_info=True)
+        import logging
+
+        logging.getLogger("broker.run").debug("log stream ended", exc_info=True)
     if pending:
         say("  │ " + neutralize(pending.decode("utf-8", "replace")))

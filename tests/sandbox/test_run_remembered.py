@@ -6,6 +6,7 @@ removed, if the check it put off fails when a broker is built."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -131,3 +132,35 @@ def test_a_check_put_off_that_fails_stops_the_run_and_removes_its_sandbox(
     assert not (tmp_path / "exports" / "out.txt").exists()
     assert containers(tmp_path / "state") == []
     assert passed.key(cfg) not in json.loads((tmp_path / "state" / passed.FILE).read_text())
+
+
+TOKEN = "tok_run_logs_5e3a9c"
+# a file whose name is no request's, the config's secret in it (not in the command line)
+BAD_NAME = "open('/outbox/' + 'tok_run_' + 'logs_5e3a9c' + '.txt', 'w').write('x')"
+
+
+def test_a_run_logs_in_its_format_with_its_secrets_masked_checked_now_or_before(
+    tmp_path: Path, config: Path
+) -> None:
+    """The log format and the masks are installed before anything logs: before the
+    check on a first run, on the serving thread on a run whose inputs passed before.
+    Both runs' one warning (a file in the outbox whose name is no request's, the name
+    holding the config's secret) is a JSON line with the secret masked."""
+    config.write_text(
+        config.read_text() + '[integrations.github]\ntoken_env = "TEST_BROKER_RUN_TOKEN"\n'
+    )
+    env = {**os.environ, "TEST_BROKER_RUN_TOKEN": TOKEN}
+    argv = [BROKER, "run", "--config", str(config), "--log-format", "json"]
+    for _ in ("checked now", "passed before"):
+        done = subprocess.run(
+            [*argv, "--", "python3", "-c", BAD_NAME],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+        assert done.returncode == 0, done.stderr
+        logged = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+        assert any("not a request name" in entry["message"] for entry in logged), done.stderr
+        assert TOKEN not in done.stderr
