@@ -26,6 +26,8 @@ from tests.support import SETTLE_S, Hook, Start
 
 EXIT_GRACE_S = 60
 """Seconds a test process may take to exit after its tests (pytest_unconfigure)."""
+THREAD_GRACE_S = 5.0
+"""Seconds a non-daemon thread may take to end after its module's tests."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -57,9 +59,13 @@ def leaks_found_in_their_module() -> Iterator[None]:
     warns (an error, by filterwarnings) in that module's last teardown, instead of in
     whichever test of another module the collector happens to run in later. A thread it
     left running that is not a daemon fails there too: it would keep the worker from
-    exiting, and the run from ending."""
+    exiting, and the run from ending. One on its way out is given THREAD_GRACE_S to end
+    (an executor's worker, told to stop without being waited for, ends a moment later)."""
     yield
     gc.collect()
+    for thread in threading.enumerate():
+        if not (thread.daemon or thread is threading.main_thread()):
+            thread.join(THREAD_GRACE_S)
     left = [t.name for t in threading.enumerate() if not (t.daemon or t is threading.main_thread())]
     assert not left, f"threads this module started still run and would hold the exit: {left}"
 
