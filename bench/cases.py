@@ -461,8 +461,15 @@ class Starts:
             time.sleep(0.05)
 
     def once(self, reverse: bool = False) -> dict[str, float]:
+        """One of each start, in the order given. An untimed `docker run` comes first:
+        the cell right after the round's probe (its creates and fsyncs) was the slowest
+        of its kind in most start sections measured on 2026-12-06 (`docker run` in even
+        rounds, the pooled start in odd ones, by 15–40 ms), and each round's ratios are
+        judged alone."""
         out: dict[str, float] = {}
         keys = ["docker_s", "broker_s", "first_s", "thin_s", "pool_s"]
+        self._ready()
+        subprocess.run(self.bare, check=True, capture_output=True, stdin=subprocess.DEVNULL)
         for key in keys[:: -1 if reverse else 1]:
             self._ready()
             if key == "first_s":  # as if these inputs were new (broker.cli.passed)
