@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -31,18 +32,26 @@ def cfg(tmp_path: Path) -> Config:
     return loaded
 
 
-@pytest.fixture
-def started(cfg: Config) -> Iterator[tuple[Serving, threading.Thread]]:
+def serving_of(cfg: Config) -> Serving:
+    """sb1's serving side as `broker run` makes it, its config's check passed."""
     registry = default_registry()
     registry.check_config(cfg.integrations, cfg.base_dir)
     policy = load_policy(None, {})
-    s = Serving(cfg, lambda: (registry, policy), "sb1", say=lambda _: None)
+    return Serving(cfg, lambda: (registry, policy), "sb1", say=lambda _: None)
+
+
+@contextmanager
+def started(s: Serving) -> Iterator[threading.Thread]:
+    """`s` started for a new sandbox on its own thread, as `broker run` starts it; told
+    that the sandbox exited, then finished, at the end."""
     thread = threading.Thread(target=s.start, kwargs={"when_written": True}, daemon=True)
     thread.start()
-    yield s, thread
-    s.exited()
-    thread.join(30)
-    s.finish()
+    try:
+        yield thread
+    finally:
+        s.exited()
+        thread.join(30)
+        s.finish()
 
 
 def write(cfg: Config, rid: str) -> None:
@@ -56,46 +65,36 @@ def result(cfg: Config, rid: str) -> dict[str, object] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def test_nothing_written_builds_no_broker(
-    cfg: Config, started: tuple[Serving, threading.Thread]
-) -> None:
-    s, thread = started
-    s.exited()
-    thread.join(30)
-    assert not thread.is_alive() and not s.owner and not s.engaged
+def test_nothing_written_builds_no_broker(cfg: Config) -> None:
+    s = serving_of(cfg)
+    with started(s) as thread:
+        s.exited()
+        thread.join(30)
+        assert not thread.is_alive() and not s.owner and not s.engaged
 
 
-def test_an_early_write_is_served(cfg: Config, started: tuple[Serving, threading.Thread]) -> None:
-    s, _ = started
-    write(cfg, "r1")
-    eventually(lambda: result(cfg, "r1") is not None, 30)
-    assert s.owner and (cfg.base_dir / "exports" / "sb1" / "r1.txt").read_text() == "r1"
+def test_an_early_write_is_served(cfg: Config) -> None:
+    s = serving_of(cfg)
+    with started(s):
+        write(cfg, "r1")
+        eventually(lambda: result(cfg, "r1") is not None, 30)
+        assert s.owner and (cfg.base_dir / "exports" / "sb1" / "r1.txt").read_text() == "r1"
 
 
 def test_a_write_after_the_looks_is_seen_by_the_watch(
     cfg: Config, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(serving, "LOOK_FOR_S", 0.05)
-    registry = default_registry()
-    registry.check_config(cfg.integrations, cfg.base_dir)
-    s = Serving(cfg, lambda: (registry, load_policy(None, {})), "sb1", say=lambda _: None)
-    thread = threading.Thread(target=s.start, kwargs={"when_written": True}, daemon=True)
-    thread.start()
-    try:
+    s = serving_of(cfg)
+    with started(s):
         eventually(lambda: "broker-inotify" in {t.name for t in threading.enumerate()}, 10)
         write(cfg, "r2")
         eventually(lambda: result(cfg, "r2") is not None, 30)
         assert s.owner and (cfg.base_dir / "exports" / "sb1" / "r2.txt").read_text() == "r2"
-    finally:
-        s.exited()
-        thread.join(30)
-        s.finish()
 
 
 def test_a_write_just_before_the_exit_is_served(cfg: Config) -> None:
-    registry = default_registry()
-    registry.check_config(cfg.integrations, cfg.base_dir)
-    s = Serving(cfg, lambda: (registry, load_policy(None, {})), "sb1", say=lambda _: None)
+    s = serving_of(cfg)
     write(cfg, "r3")
     s.exited()  # the sandbox wrote, then exited, before its serving started to look
     s.start(when_written=True)
