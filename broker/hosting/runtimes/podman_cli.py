@@ -39,9 +39,12 @@ class Podman:
 
         entry = pwd.getpwnam(self.user)
         conf = os.environ.get("CONTAINERS_CONF") or DEFAULT_CONF
-        # a clean environment: nothing of this process's (XDG_* paths above all) is theirs
+        # a clean environment: nothing of this process's (XDG_* paths above all) is theirs;
+        # and their home as the working dir: podman refuses to start in one they cannot
+        # enter (this process's, under /root or a 0700 temp dir)
         return [
-            *("runuser", "-u", self.user, "--", "env", "-i", f"HOME={entry.pw_dir}"),
+            *("runuser", "-u", self.user, "--", "env", "-i", f"--chdir={entry.pw_dir}"),
+            f"HOME={entry.pw_dir}",
             f"PATH={os.environ.get('PATH', '/usr/bin:/bin')}",
             f"XDG_RUNTIME_DIR=/run/user/{entry.pw_uid}",
             f"CONTAINERS_CONF={conf}",
